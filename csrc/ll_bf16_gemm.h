@@ -1,0 +1,30 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "variant_row.h"
+
+namespace kimi {
+
+// The op's input contract; every implementation (CPU, CUDA) calls it first, and ops.py's
+// fake implementation checks the same things with the same messages.
+void check_inputs(const at::Tensor& hidden_states, const at::Tensor& router_weight,
+                  c10::ScalarType out_dtype);
+
+// Which kernel runs for a problem. row == nullptr means cuBLAS (at::mm).
+struct Choice {
+  const VariantRow* row;
+  int vec;
+};
+Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, bool vec8_ok);
+std::string describe(const Choice& choice);
+
+// The table row called `name`; an error listing the valid names if there is none.
+const VariantRow& variant_by_name(const std::string& name);
+
+// The CUDA kernels linked into this build (empty without CUDA).
+std::vector<std::string> compiled_kernel_symbols();
+
+}  // namespace kimi

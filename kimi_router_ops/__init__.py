@@ -1,0 +1,16 @@
+"""kimi_router_ops: the low-latency MoE router GEMM as a PyTorch op.
+
+    logits = kimi_router_ops.ll_bf16_gemm(hidden_states, router_weight)  # fp32 [M, N]
+
+Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
+"""
+
+from . import _C, ops  # noqa: F401  (_C registers the ops)
+from .ops import (
+    chosen_variant,
+    compiled_kernels,
+    ll_bf16_gemm,
+    ll_bf16_gemm_with_variant,
+)
+
+__all__ = ["ll_bf16_gemm", "ll_bf16_gemm_with_variant", "chosen_variant", "compiled_kernels"]

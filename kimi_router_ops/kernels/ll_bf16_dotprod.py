@@ -1,0 +1,172 @@
+"""Low-latency dot-product router GEMM in CuTe DSL.
+
+    out[m, n] = sum_k x[m, k] * w[n, k]      bf16 inputs, fp32 accumulation
+
+Each CTA owns `rows_per_cta` consecutive rows of W (experts) and all of K. Its threads
+split K into `vec`-element vectors (one 16-byte load when vec == 8); thread t takes vectors
+t, t + threads, t + 2 * threads, ... The K loop advances `unroll` vectors per thread per
+step, and every load of a step is issued before the first multiply, so each thread keeps
+`rows_per_cta * unroll` weight loads in flight: at decode the kernel's whole cost is
+reading W once, and only many loads in flight hide HBM latency.
+
+M, N, K and the row strides are run-time values. `max_m` (the token bucket) is a
+compile-time bound: rows of x past M are clamped to row M - 1 (cheap L1 hits) and never
+stored, so one compiled kernel serves every M up to its bucket. Vectors past K are clamped
+to the last vector and zeroed after the load, which keeps the loop free of branches around
+loads (the compiler can then hoist all of them) and every address in bounds.
+"""
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+
+class LLBf16Dotprod:
+    """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
+
+    def __init__(
+        self,
+        max_m: int,
+        rows_per_cta: int,
+        unroll: int,
+        vec: int,
+        prefetch: bool,
+        pdl: bool,
+        threads: int = 128,
+    ):
+        if vec not in (1, 8):
+            raise ValueError(f"vec must be 1 or 8, got {vec}")
+        if prefetch and not pdl:
+            raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
+        self.max_m = max_m
+        self.rows_per_cta = rows_per_cta
+        self.unroll = unroll
+        self.vec = vec
+        self.prefetch = prefetch
+        self.pdl = pdl
+        self.threads = threads
+        self.num_warps = threads // cute.arch.WARP_SIZE
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,  # [M, K] bf16, unit stride along K
+        w: cute.Tensor,  # [N, K] bf16, unit stride along K
+        out: cute.Tensor,  # [M, N] float32 or bfloat16
+        stream: cuda.CUstream,
+    ):
+        # Vector views [rows, (vec, K / vec)]: K % vec == 0 is this variant's contract.
+        xv = cute.logical_divide(x, (None, self.vec))
+        wv = cute.logical_divide(w, (None, self.vec))
+        n = w.shape[0]
+        self.kernel(xv, wv, out).launch(
+            grid=[(n + self.rows_per_cta - 1) // self.rows_per_cta, 1, 1],
+            block=[self.threads, 1, 1],
+            smem=self.max_m * self.rows_per_cta * self.num_warps * 4,
+            stream=stream,
+            use_pdl=self.pdl,
+        )
+
+    @cute.jit
+    def _load_vec(self, src: cute.Tensor, dst: cute.Tensor):
+        aligned = cute.make_tensor(src.iterator.align(self.vec * 2), src.layout)
+        cute.autovec_copy(aligned, dst)
+
+    @cute.jit
+    def _load_weights(self, wv, w_regs, w_rows, kv_clamped):
+        for u in cutlass.range_constexpr(self.unroll):
+            for r in cutlass.range_constexpr(self.rows_per_cta):
+                self._load_vec(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r])
+
+    def _step_columns(self, s, tidx, kv_count):
+        """This thread's vector columns in step s, and the same clamped into [0, kv_count)."""
+        kv = [s * (self.threads * self.unroll) + u * self.threads + tidx for u in range(self.unroll)]
+        return kv, [cutlass.min(k, kv_count - 1) for k in kv]
+
+    @cute.kernel
+    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
+        max_m: cutlass.Constexpr = self.max_m
+        rows: cutlass.Constexpr = self.rows_per_cta
+        unroll: cutlass.Constexpr = self.unroll
+        vec: cutlass.Constexpr = self.vec
+        threads: cutlass.Constexpr = self.threads
+        num_warps: cutlass.Constexpr = self.num_warps
+
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.warp_idx()
+
+        m_count = xv.shape[0]
+        n_count = wv.shape[0]
+        kv_count = cute.size(xv.shape[1][1])  # vec-wide columns
+        n_steps = (kv_count + threads * unroll - 1) // (threads * unroll)
+        n_first = bidx * rows
+
+        acc = cute.make_rmem_tensor((max_m, rows), Float32)
+        acc.fill(0.0)
+        w_regs = cute.make_rmem_tensor((vec, unroll, rows), cutlass.BFloat16)
+        x_regs = cute.make_rmem_tensor((vec, max_m), cutlass.BFloat16)
+
+        # Rows past N are clamped to N - 1: loaded, summed, never stored.
+        w_rows = [cutlass.min(n_first + r, n_count - 1) for r in range(rows)]
+        x_rows = [cutlass.min(Int32(m), m_count - 1) for m in range(max_m)]
+
+        if const_expr(self.prefetch):
+            # W does not depend on the kernel before us: issue the first step's weight loads
+            # now, so they travel from HBM while we wait for hidden_states to be written.
+            _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
+            self._load_weights(wv, w_regs, w_rows, first_columns)
+        if const_expr(self.pdl):
+            # Everything below may read hidden_states, which the previous kernel writes.
+            cute.arch.griddepcontrol_wait()
+
+        for s in cutlass.range(n_steps, unroll=1):
+            kv, kv_clamped = self._step_columns(s, tidx, kv_count)
+            if const_expr(self.prefetch):
+                if s > 0:
+                    self._load_weights(wv, w_regs, w_rows, kv_clamped)
+            else:
+                self._load_weights(wv, w_regs, w_rows, kv_clamped)
+            for u in cutlass.range_constexpr(unroll):
+                for m in cutlass.range_constexpr(max_m):
+                    self._load_vec(xv[x_rows[m], (None, kv_clamped[u])], x_regs[None, m])
+                if kv[u] >= kv_count:
+                    # A clamped column: zero both operands (x may hold inf or NaN).
+                    x_regs.fill(0.0)
+                    for r in cutlass.range_constexpr(rows):
+                        w_regs[None, u, r].fill(0.0)
+                for m in cutlass.range_constexpr(max_m):
+                    xf = x_regs[None, m].load().to(Float32)
+                    for r in cutlass.range_constexpr(rows):
+                        wf = w_regs[None, u, r].load().to(Float32)
+                        a = acc[m, r]
+                        for e in cutlass.range_constexpr(vec):
+                            a = a + xf[e] * wf[e]
+                        acc[m, r] = a
+
+        # Reduce: warp shuffle, one partial per warp in shared memory, then one thread per
+        # (m, r) adds the warps' partials in a fixed order, so results are bitwise repeatable.
+        smem = cutlass.utils.SmemAllocator()
+        partials = smem.allocate_tensor(
+            Float32, cute.make_layout((max_m * rows, num_warps), stride=(num_warps, 1)), 16
+        )
+        for m in cutlass.range_constexpr(max_m):
+            for r in cutlass.range_constexpr(rows):
+                total = cute.arch.warp_reduction_sum(acc[m, r])
+                if lane == 0:
+                    partials[m * rows + r, warp] = total
+        cute.arch.sync_threads()
+        if tidx < max_m * rows:
+            m = tidx // rows
+            r = tidx - m * rows
+            total = Float32(0.0)
+            for wi in cutlass.range_constexpr(num_warps):
+                total = total + partials[tidx, wi]
+            if m < m_count and n_first + r < n_count:
+                out[m, n_first + r] = total.to(out.element_type)
+        if const_expr(self.pdl):
+            # Our outputs are written: the next kernel may start its prologue.
+            cute.arch.griddepcontrol_launch_dependents()

@@ -1,0 +1,92 @@
+"""Builds kimi_router_ops._C.
+
+With a CUDA build of torch: the CuTe DSL kernels are compiled ahead of time
+(kimi_router_ops/aot.py, needs nvidia-cutlass-dsl, no GPU) and linked with the CuTe DSL
+static runtime and cudart into _C. Set KIMI_ROUTER_OPS_AOT_DIR to a directory made by
+aot.py elsewhere to skip that step (a GPU machine without nvidia-cutlass-dsl).
+With a CPU-only torch (or KIMI_ROUTER_OPS_CPU_ONLY=1): the CPU and fake kernels only.
+"""
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+BUILD = ROOT / "build"
+
+# torch locates the CUDA toolkit when cpp_extension is imported; a `nvcc` wrapper on PATH
+# can point it at the wrong place, so prefer the standard install location.
+if "CUDA_HOME" not in os.environ and Path("/usr/local/cuda/bin/nvcc").exists():
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+# No .cu sources are compiled, but torch asks for an arch list when no GPU is visible.
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0;10.0")
+
+import torch  # noqa: E402
+from torch.utils import cpp_extension  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "kimi_router_ops"))
+import variants  # noqa: E402
+
+
+def cuda_build_wanted() -> bool:
+    if os.environ.get("KIMI_ROUTER_OPS_CPU_ONLY") == "1":
+        return False
+    return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+def aot_directory() -> Path:
+    prebuilt = os.environ.get("KIMI_ROUTER_OPS_AOT_DIR")
+    if prebuilt:
+        return Path(prebuilt).resolve()
+    out = BUILD / "aot"
+    inputs = [ROOT / "kimi_router_ops" / n for n in ("aot.py", "variants.py")]
+    inputs += list((ROOT / "kimi_router_ops" / "kernels").glob("*.py"))
+    table = out / "kimi_kernels.h"
+    # pip runs setup.py more than once per install; compile again only when a source changed.
+    if not table.exists() or table.stat().st_mtime < max(p.stat().st_mtime for p in inputs):
+        aot = ROOT / "kimi_router_ops" / "aot.py"
+        subprocess.run([sys.executable, str(aot), "--out", str(out)], check=True)
+    return out
+
+
+def torch_cuda_wheel_includes():
+    # ATen/cuda headers include cuBLAS and cuSPARSE headers, which torch's CUDA wheels ship.
+    return [p for p in (Path(torch.__file__).parent.parent / "nvidia").glob("cu*/include")]
+
+
+def extension():
+    generated = BUILD / "generated"
+    generated.mkdir(parents=True, exist_ok=True)
+    variants.write_variant_table_header(str(generated / "kimi_variant_table.h"))
+    sources = ["csrc/ll_bf16_gemm.cpp"]  # setuptools wants paths relative to setup.py
+    include_dirs = [str(ROOT / "csrc"), str(generated)]
+    cxx_flags = ["-O2"]
+    if not cuda_build_wanted():
+        return cpp_extension.CppExtension(
+            "kimi_router_ops._C", sources, include_dirs=include_dirs,
+            extra_compile_args={"cxx": cxx_flags},
+        )
+    aot = aot_directory()
+    objects = sorted(glob.glob(str(aot / "sm_*" / "*.o")))
+    if not objects or not (aot / "kimi_kernels.h").exists():
+        raise SystemExit(f"no ahead-of-time kernels in {aot}: run kimi_router_ops/aot.py")
+    return cpp_extension.CUDAExtension(
+        "kimi_router_ops._C",
+        sources + sorted(glob.glob("csrc/cuda/*.cpp", root_dir=ROOT)),
+        include_dirs=include_dirs + [str(aot)] + [str(p) for p in torch_cuda_wheel_includes()],
+        extra_compile_args={"cxx": cxx_flags + ["-DKIMI_WITH_CUDA"]},
+        # The exported objects call the CUDA runtime through the CuTe DSL runtime library;
+        # cudart (which CUDAExtension links) reaches the driver, so no -lcuda is needed.
+        extra_objects=objects + [str(aot / "libcuda_dialect_runtime_static.a")],
+    )
+
+
+setup(
+    packages=find_packages(include=["kimi_router_ops", "kimi_router_ops.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+)
