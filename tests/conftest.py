@@ -1,0 +1,54 @@
+import os
+
+import pytest
+import torch
+
+import kimi_router_ops  # noqa: F401  (registers torch.ops.kimi)
+
+# Kimi-K3, Kimi-K2, DeepSeek-V3 router shapes: (N experts, K hidden).
+MODEL_SHAPES = {"kimi-k3": (896, 7168), "kimi-k2": (384, 7168), "deepseek-v3": (256, 7168)}
+
+HAS_CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible)")
+CUDA_BUILD = bool(kimi_router_ops.compiled_kernels())
+requires_cuda_build = pytest.mark.skipif(
+    not CUDA_BUILD, reason="_C was built without CUDA kernels (CPU-only torch)"
+)
+
+
+def kernel_gpu() -> bool:
+    """True when the current GPU runs the CuTe DSL kernels (sm_90 or sm_100)."""
+    major, minor = torch.cuda.get_device_capability()
+    return major * 10 + minor in (90, 100)
+
+
+requires_kernel_gpu = pytest.mark.skipif(
+    not (HAS_CUDA and CUDA_BUILD and kernel_gpu()),
+    reason="needs an sm_90 or sm_100 GPU and a CUDA build of _C",
+)
+
+
+def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """float64 logits on the CPU: the ground truth every implementation is held to."""
+    return x.double().cpu() @ w.double().cpu().t()
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.double().cpu()
+    assert torch.isfinite(out).all(), "non-finite output"
+    denom = ref.norm().item()
+    return (out - ref).norm().item() / (denom if denom > 0 else 1.0)
+
+
+# Tolerances on ||out - ref|| / ||ref||: fp32 accumulation of exact bf16 products lands near
+# 1e-7; a bf16 output adds one rounding (relative 2^-9) per element.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+
+
+def random_bf16(*shape, scale=1.0, device="cpu", generator=None):
+    return (torch.randn(*shape, generator=generator) * scale).to(torch.bfloat16).to(device)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(int(os.environ.get("KIMI_TEST_SEED", "0")))

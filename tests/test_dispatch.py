@@ -1,0 +1,128 @@
+"""The kernel choice (made in C++, callable without a GPU) and the ahead-of-time build."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import kimi_router_ops
+from kimi_router_ops import variants
+from conftest import MODEL_SHAPES, requires_cuda_build
+
+AOT_DIR = Path(__file__).resolve().parent.parent / "build" / "aot"
+
+
+@pytest.mark.parametrize("sm", [90, 100])
+@pytest.mark.parametrize("n, k", MODEL_SHAPES.values())
+def test_m1_picks_the_prefetch_kernel(sm, n, k):
+    assert kimi_router_ops.chosen_variant(1, n, k, sm=sm) == "m1_prefetch:vec8"
+
+
+@pytest.mark.parametrize("m", range(1, variants.MAX_M + 1))
+def test_every_decode_m_gets_a_kernel_whose_bucket_holds_it(m):
+    name, vec = kimi_router_ops.chosen_variant(m, 896, 7168).split(":")
+    row = next(v for v in variants.VARIANTS if v.name == name)
+    assert row.automatic and row.m_lo <= m <= row.m_hi and vec == "vec8"
+
+
+def test_automatic_rows_cover_decode_without_overlap():
+    covered = sorted(m for v in variants.VARIANTS if v.automatic for m in range(v.m_lo, v.m_hi + 1))
+    assert covered == list(range(1, variants.MAX_M + 1))
+
+
+@pytest.mark.parametrize(
+    "m, n, k, sm, aligned, expected",
+    [
+        (0, 896, 7168, 90, True, "empty"),
+        (17, 896, 7168, 90, True, "cublas"),
+        (4096, 896, 7168, 90, True, "cublas"),
+        (1, 896, 7168, 80, True, "cublas"),  # Ampere: no kernels
+        (1, 896, 7168, 120, True, "cublas"),  # consumer Blackwell: no kernels
+        (1, 896, 7169, 90, True, "m1_prefetch:vec1"),  # K % 8 != 0
+        (1, 896, 7168, 90, False, "m1_prefetch:vec1"),  # misaligned pointer or stride
+        (16, 1, 1, 100, True, "m16:vec1"),
+    ],
+)
+def test_choice(m, n, k, sm, aligned, expected):
+    assert kimi_router_ops.chosen_variant(m, n, k, sm=sm, aligned=aligned) == expected
+
+
+def test_choice_does_not_depend_on_out_dtype():
+    import torch
+
+    for m in (1, 5, 16, 40):
+        assert kimi_router_ops.chosen_variant(m, 384, 7168, torch.bfloat16) == kimi_router_ops.chosen_variant(m, 384, 7168)
+
+
+def expected_symbols():
+    return [variants.kernel_symbol(v, vec, dt, arch) for v, vec, dt, arch, _ in variants.compiled_kernels()]
+
+
+@requires_cuda_build
+def test_every_variant_is_linked_for_every_arch():
+    assert kimi_router_ops.compiled_kernels() == expected_symbols()
+    archs = {arch for arch, _ in variants.ARCHS}
+    assert archs == {"sm_90a", "sm_100a"}
+    assert len(expected_symbols()) == len(variants.VARIANTS) * len(variants.VECS) * len(variants.OUT_DTYPES) * len(archs)
+
+
+@requires_cuda_build
+def test_aot_objects_present():
+    for v, vec, dt, arch, _ in variants.compiled_kernels():
+        symbol = variants.kernel_symbol(v, vec, dt, arch)
+        for suffix in (".o", ".h", ".ptx"):
+            assert (AOT_DIR / arch / f"{symbol}{suffix}").stat().st_size > 0, f"{arch}/{symbol}{suffix}"
+    assert (AOT_DIR / "kimi_kernels.h").exists()
+
+
+def ptx_body(symbol, arch):
+    return (AOT_DIR / arch / f"{symbol}.ptx").read_text()
+
+
+def global_loads_before_wait(ptx):
+    """Global loads that precede griddepcontrol.wait in program order, and their address params."""
+    head, sep, _ = ptx.partition("griddepcontrol.wait")
+    assert sep, "no griddepcontrol.wait"
+    return re.findall(r"ld\.global[.\w]*\s", head)
+
+
+@requires_cuda_build
+@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
+    checked = 0
+    for v, vec, dt, a, _ in variants.compiled_kernels():
+        if a != arch:
+            continue
+        ptx = ptx_body(variants.kernel_symbol(v, vec, dt, arch), arch)
+        if not v.pdl:
+            assert "griddepcontrol" not in ptx
+            continue
+        assert "griddepcontrol.launch_dependents" in ptx
+        loads = global_loads_before_wait(ptx)
+        if v.prefetch:
+            # Exactly the first step of weight loads (one per vector), 16 bytes wide at vec 8.
+            assert len(loads) == v.rows_per_cta * v.unroll, loads
+            if vec == 8:
+                assert all(".v4." in load for load in loads)
+        else:
+            assert loads == []
+        checked += 1
+    assert checked >= 4
+
+
+@requires_cuda_build
+def test_ptx_prefetch_loads_read_the_weight_pointer():
+    """The loads before the wait address router_weight (kernel parameter 1), never x."""
+    v = next(v for v in variants.VARIANTS if v.prefetch)
+    ptx = ptx_body(variants.kernel_symbol(v, 8, "float32", "sm_90a"), "sm_90a")
+    head = ptx.partition("griddepcontrol.wait")[0]
+    params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
+    assert params, "no pointer parameters found"
+    assert "0" in params.values() and "1" in params.values()
+    weight_base = next(reg for reg, p in params.items() if p == "1")
+    x_base = next(reg for reg, p in params.items() if p == "0")
+    adds = re.findall(r"add\.s64\s+(%rd\d+), (%rd\d+), %rd\d+;", head)
+    load_addrs = re.findall(r"ld\.global[.\w]*\s+\{[^}]*\}, \[(%rd\d+)\];", head)
+    bases = {dst: base for dst, base in adds}
+    assert load_addrs and all(bases.get(a) == weight_base for a in load_addrs)
+    assert all(bases.get(a) != x_base for a in load_addrs)

@@ -1,0 +1,56 @@
+"""Bad input gets a clear error naming the argument; the next valid call still works."""
+
+import pytest
+import torch
+
+import kimi_router_ops
+from conftest import HAS_CUDA, random_bf16, reference, relative_error
+
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+def bad_calls(device):
+    bf = lambda *s: random_bf16(*s, device=device)  # noqa: E731
+    return {
+        "x float32": ((bf(2, 64).float(), bf(8, 64)), TypeError, "hidden_states must be torch.bfloat16, got torch.float32"),
+        "x float16": ((bf(2, 64).half(), bf(8, 64)), TypeError, "hidden_states must be torch.bfloat16"),
+        "w float32": ((bf(2, 64), bf(8, 64).float()), TypeError, "router_weight must be torch.bfloat16, got torch.float32"),
+        "w int8": ((bf(2, 64), torch.zeros(8, 64, dtype=torch.int8, device=device)), TypeError, "router_weight must be torch.bfloat16"),
+        "x 1-D": ((bf(64), bf(8, 64)), ValueError, "hidden_states must be 2-D"),
+        "x 3-D": ((bf(1, 2, 64), bf(8, 64)), ValueError, "hidden_states must be 2-D"),
+        "w 1-D": ((bf(2, 64), bf(64)), ValueError, "router_weight must be 2-D"),
+        "w 3-D": ((bf(2, 64), bf(2, 8, 64)), ValueError, "router_weight must be 2-D"),
+        "K mismatch": ((bf(2, 64), bf(8, 63)), ValueError, "must have the same K"),
+        "K zero": ((bf(2, 0), bf(8, 0)), ValueError, "K must be at least 1"),
+        "N zero": ((bf(2, 64), bf(0, 64)), ValueError, "N >= 1"),
+        "out int32": ((bf(2, 64), bf(8, 64), torch.int32), ValueError, "out_dtype must be torch.float32 or torch.bfloat16, got torch.int32"),
+        "out float16": ((bf(2, 64), bf(8, 64), torch.float16), ValueError, "out_dtype must be torch.float32 or torch.bfloat16"),
+        "out float64": ((bf(2, 64), bf(8, 64), torch.float64), ValueError, "out_dtype must be"),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(bad_calls("cpu")))
+def test_bad_input(device, case):
+    args, error, message = bad_calls(device)[case]
+    with pytest.raises(error, match=message):
+        kimi_router_ops.ll_bf16_gemm(*args)
+    # The process (and the CUDA context) is still fine.
+    x, w = random_bf16(3, 64, device=device), random_bf16(8, 64, device=device)
+    assert relative_error(kimi_router_ops.ll_bf16_gemm(x, w), reference(x, w)) <= 1e-5
+
+
+@pytest.mark.parametrize("case", list(bad_calls("cpu")))
+def test_fake_kernel_reports_the_same(case):
+    """The meta/fake kernel raises the same error type and message as the real one."""
+    args, error, message = bad_calls("meta")[case]
+    with pytest.raises(error, match=message):
+        kimi_router_ops.ll_bf16_gemm(*args)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible)")
+def test_device_mix_is_an_error():
+    with pytest.raises(RuntimeError, match="must be on the same device"):
+        kimi_router_ops.ll_bf16_gemm(random_bf16(2, 64, device="cuda"), random_bf16(8, 64))
+    with pytest.raises(RuntimeError, match="must be on the same device"):
+        kimi_router_ops.ll_bf16_gemm(random_bf16(2, 64), random_bf16(8, 64, device="cuda"))
