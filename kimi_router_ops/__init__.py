@@ -5,6 +5,8 @@
 Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
 """
 
+import torch  # noqa: F401  (loads libtorch, which _C links against)
+
 from . import _C, ops  # noqa: F401  (_C registers the ops)
 from .ops import (
     chosen_variant,

@@ -1,0 +1,179 @@
+"""python -m kimi_router_ops.bench: router GEMM latency at decode on this GPU.
+
+Every implementation runs in the same process, timed the same way: a CUDA graph of one call
+per distinct weight copy (together over 3x the L2 size, so each call reads its weights from
+HBM), replayed >= 30 times after warm-up, median per call. The HBM read bandwidth and the
+cost of an empty graph node are measured in the same run; each result is also given as a
+ratio to the floor (weight bytes / bandwidth).
+
+Writes <out>/bench.json, <out>/bench.md and <out>/bench.png.
+"""
+
+import argparse
+import datetime
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import kimi_router_ops
+from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
+
+SHAPES = {"kimi-k3": (896, 7168), "kimi-k2": (384, 7168), "deepseek-v3": (256, 7168)}
+M_LIST = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+
+
+def implementations(m):
+    """name -> fn(x, w) for problem size m. Forced kernels only where they apply."""
+    impls = {
+        "ll_bf16_gemm (auto)": lambda x, w: kimi_router_ops.ll_bf16_gemm(x, w),
+        "F.linear (bf16 out)": lambda x, w: F.linear(x, w),
+        "torch.mm (fp32 out)": lambda x, w: torch.mm(x, w.t(), out_dtype=torch.float32),
+    }
+    if m == 1:
+        for variant in ("m1_prefetch", "m1", "m1_nopdl"):
+            impls[f"forced {variant}"] = (
+                lambda x, w, v=variant: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, v)
+            )
+    return impls
+
+
+def hbm_read_bandwidth() -> float:
+    """Bytes per second of a large read-only reduction (1 GiB, well past L2)."""
+    data = torch.ones(2**28, device="cuda", dtype=torch.float32)
+    out = torch.empty((), device="cuda")
+    us = graph_time_us([lambda: torch.sum(data, out=out)] * 4)
+    return data.numel() * 4 / (us * 1e-6)
+
+
+def empty_node_us() -> float:
+    tiny = torch.zeros(1, device="cuda")
+    return graph_time_us([lambda: tiny.add_(1)] * 20)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(shapes, m_list, replays):
+    from tqdm import tqdm
+
+    bandwidth = hbm_read_bandwidth()
+    node_us = empty_node_us()
+    major, minor = torch.cuda.get_device_capability()
+    results = []
+    jobs = [(s, m) for s in shapes for m in m_list]
+    for shape, m in tqdm(jobs, desc="bench", unit="case"):
+        n, k = SHAPES[shape]
+        weights = weight_copies(n, k, 3 * l2_bytes())
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        floor_us = n * k * 2 / bandwidth * 1e6
+        for impl, fn in implementations(m).items():
+            us = graph_time_us([lambda w=w: fn(x, w) for w in weights], replays=replays)
+            results.append({
+                "shape": shape, "N": n, "K": k, "M": m, "impl": impl, "us": round(us, 3),
+                "floor_us": round(floor_us, 3), "x_floor": round(us / floor_us, 3),
+                "kernel": kimi_router_ops.chosen_variant(m, n, k, sm=major * 10 + minor)
+                if impl.startswith("ll_bf16_gemm") else impl,
+            })
+        del weights
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "driver": _driver_version(),
+        "hbm_read_TBps": round(bandwidth / 1e12, 3),
+        "empty_node_us": round(node_us, 3),
+        "replays": replays,
+        "results": results,
+    }
+
+
+def _driver_version() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def markdown(report) -> str:
+    lines = [
+        f"{report['gpu']}, driver {report['driver']}, torch {report['torch']} (CUDA {report['cuda']}), "
+        f"commit {report['commit']}, {report['date']}",
+        f"HBM read {report['hbm_read_TBps']} TB/s, empty graph node {report['empty_node_us']} us; "
+        f"median of {report['replays']} graph replays, cold L2. Cells: us per call (x floor).",
+        "",
+    ]
+    for shape in dict.fromkeys(r["shape"] for r in report["results"]):
+        rows = [r for r in report["results"] if r["shape"] == shape]
+        impls = list(dict.fromkeys(r["impl"] for r in rows))
+        ms = sorted({r["M"] for r in rows})
+        floor = rows[0]["floor_us"]
+        lines += [f"### {shape} (N={rows[0]['N']}, K={rows[0]['K']}, floor {floor} us)", ""]
+        lines.append("| M | " + " | ".join(impls) + " | kernel |")
+        lines.append("|---" * (len(impls) + 2) + "|")
+        for m in ms:
+            cells = []
+            for impl in impls:
+                r = next((r for r in rows if r["M"] == m and r["impl"] == impl), None)
+                cells.append(f"{r['us']:.2f} ({r['x_floor']:.2f}x)" if r else "")
+            kernel = next(r["kernel"] for r in rows if r["M"] == m and r["impl"].startswith("ll_bf16_gemm"))
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {kernel} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in report["results"]))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        rows = [r for r in report["results"] if r["shape"] == shape]
+        for impl in dict.fromkeys(r["impl"] for r in rows):
+            pts = sorted((r["M"], r["us"]) for r in rows if r["impl"] == impl)
+            ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.axhline(rows[0]["floor_us"], color="k", linestyle="--", label="HBM floor")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("us per call")
+        ax.set_title(f"{shape} N={rows[0]['N']} K={rows[0]['K']}")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"router GEMM, {report['gpu']}, cold L2")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = run(args.shapes, args.m, max(30, args.replays))
+    (args.out / "bench.json").write_text(json.dumps(report, indent=1))
+    table = markdown(report)
+    (args.out / "bench.md").write_text(table)
+    plot(report, args.out / "bench.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

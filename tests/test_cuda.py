@@ -1,0 +1,181 @@
+"""CUDA kernels: numerics, variants, CUDA graphs, torch.compile, streams, determinism."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kimi_router_ops
+from kimi_router_ops import variants
+from conftest import MODEL_SHAPES, TOLERANCE, random_bf16, reference, relative_error, requires_kernel_gpu
+
+pytestmark = requires_kernel_gpu
+OUT_DTYPES = [torch.float32, torch.bfloat16]
+
+
+def check(out, x, w, out_dtype):
+    assert out.shape == (x.shape[0], w.shape[0]) and out.dtype == out_dtype and out.is_cuda
+    assert relative_error(out, reference(x, w)) <= TOLERANCE[out_dtype]
+
+
+@pytest.mark.parametrize("model", list(MODEL_SHAPES))
+@pytest.mark.parametrize("m", list(range(1, 17)) + [17, 64, 300])
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_model_shapes(model, m, out_dtype):
+    n, k = MODEL_SHAPES[model]
+    x, w = random_bf16(m, k, device="cuda"), random_bf16(n, k, device="cuda")
+    check(kimi_router_ops.ll_bf16_gemm(x, w, out_dtype), x, w, out_dtype)
+
+
+@pytest.mark.parametrize("variant", [v.name for v in variants.VARIANTS] + ["cublas"])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_every_variant(variant, aligned):
+    m_hi = next((v.m_hi for v in variants.VARIANTS if v.name == variant), 16)
+    k = 7168 if aligned else 7167
+    for m in sorted({1, m_hi}):
+        for out_dtype in OUT_DTYPES:
+            x, w = random_bf16(m, k, device="cuda"), random_bf16(300, k, device="cuda")
+            check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant, out_dtype), x, w, out_dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    m=st.integers(1, 24),
+    n=st.integers(1, 1100),
+    k=st.integers(1, 9000),
+    x_offset=st.integers(0, 9),
+    w_offset=st.integers(0, 9),
+    scale=st.floats(1e-4, 1e2),
+    out_dtype=st.sampled_from(OUT_DTYPES),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_property_cuda(m, n, k, x_offset, w_offset, scale, out_dtype, seed):
+    """Any shape; offsets make misaligned pointers and row strides (the vec1 kernels)."""
+    g = torch.Generator().manual_seed(seed)
+    x = random_bf16(m, k + x_offset, scale=scale, generator=g, device="cuda")[:, x_offset:]
+    w = random_bf16(n, k + w_offset, generator=g, device="cuda")[:, w_offset:]
+    check(kimi_router_ops.ll_bf16_gemm(x, w, out_dtype), x, w, out_dtype)
+
+
+@pytest.mark.parametrize("model", list(MODEL_SHAPES))
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_prefetch_is_bitwise_equal_to_no_prefetch(model, out_dtype):
+    n, k = MODEL_SHAPES[model]
+    x, w = random_bf16(1, k, device="cuda"), random_bf16(n, k, device="cuda")
+    prefetch = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_prefetch", out_dtype)
+    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1", out_dtype))
+    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_nopdl", out_dtype))
+    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm(x, w, out_dtype))
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+def test_bitwise_deterministic(m):
+    x, w = random_bf16(m, 7168, device="cuda"), random_bf16(896, 7168, device="cuda")
+    first = kimi_router_ops.ll_bf16_gemm(x, w)
+    for _ in range(20):
+        assert torch.equal(kimi_router_ops.ll_bf16_gemm(x, w), first)
+
+
+def test_every_output_element_is_written():
+    """Outputs come from torch's caching allocator: poison the block, then reuse it."""
+    for m, n in [(1, 896), (7, 33), (16, 1)]:
+        torch.empty(m * n, dtype=torch.float32, device="cuda").fill_(float("nan"))
+        x, w = random_bf16(m, 256, device="cuda"), random_bf16(n, 256, device="cuda")
+        out = kimi_router_ops.ll_bf16_gemm(x, w)
+        assert torch.isfinite(out).all()
+
+
+def test_non_contiguous_inputs():
+    x = random_bf16(64, 5, device="cuda").t()  # inner stride 5: copied once
+    w = random_bf16(40, 64, device="cuda")
+    check(kimi_router_ops.ll_bf16_gemm(x, w), x, w, torch.float32)
+    x = random_bf16(1, 64, device="cuda").expand(4, 64)  # row stride 0
+    check(kimi_router_ops.ll_bf16_gemm(x, w), x, w, torch.float32)
+
+
+def test_cuda_graph_replay_sees_updated_inputs():
+    n, k = MODEL_SHAPES["kimi-k3"]
+    x, w = random_bf16(1, k, device="cuda"), random_bf16(n, k, device="cuda")
+    kimi_router_ops.ll_bf16_gemm(x, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kimi_router_ops.ll_bf16_gemm(x, w)
+    for _ in range(3):
+        x.copy_(random_bf16(1, k, device="cuda"))
+        w.copy_(random_bf16(n, k, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, kimi_router_ops.ll_bf16_gemm(x, w))
+        check(out, x, w, torch.float32)
+
+
+def test_cuda_graph_capture_as_first_call_in_fresh_process():
+    script = textwrap.dedent(
+        """
+        import torch, kimi_router_ops
+        x = torch.randn(1, 7168, device="cuda").bfloat16()
+        w = torch.randn(896, 7168, device="cuda").bfloat16()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # the op's very first call: kernels load inside capture
+            out = kimi_router_ops.ll_bf16_gemm(x, w)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = x.double() @ w.double().t()
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 1e-5, err
+        print("ok", err)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+def test_compile_reduce_overhead():
+    torch._dynamo.reset()
+    w = random_bf16(384, 7168, device="cuda")
+
+    def router(x):
+        logits = kimi_router_ops.ll_bf16_gemm(x, w)
+        return torch.topk(torch.sigmoid(logits), 8, dim=-1).indices
+
+    compiled = torch.compile(router, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        for m in (1, 4):
+            x = random_bf16(m, 7168, device="cuda")
+            assert torch.equal(compiled(x), router(x))
+
+
+def test_opcheck_cuda_model_shape():
+    for m in (1, 2, 16):
+        x, w = random_bf16(m, 7168, device="cuda"), random_bf16(256, 7168, device="cuda")
+        torch.library.opcheck(torch.ops.kimi.ll_bf16_gemm.default, (x, w, torch.float32))
+
+
+def test_side_stream():
+    x, w = random_bf16(4, 7168, device="cuda"), random_bf16(896, 7168, device="cuda")
+    expected = kimi_router_ops.ll_bf16_gemm(x, w)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 2  # producer on the side stream
+        out = kimi_router_ops.ll_bf16_gemm(y, w)
+        doubled = out / 2  # consumer on the side stream
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(doubled, expected)
+
+
+def test_side_stream_graph_capture():
+    x, w = random_bf16(1, 7168, device="cuda"), random_bf16(256, 7168, device="cuda")
+    kimi_router_ops.ll_bf16_gemm(x, w)
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = kimi_router_ops.ll_bf16_gemm(x, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, kimi_router_ops.ll_bf16_gemm(x, w))

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On a GPU machine without nvidia-cutlass-dsl: build _C from ahead-of-time objects made
+# elsewhere (KIMI_ROUTER_OPS_AOT_DIR, default build/aot), then run the given steps.
+#   tools/device_run.sh [test] [main] [bench] [bench-quick]
+# Logs and results go to $OUT (or ./device-out).
+set -uo pipefail
+out=${OUT:-device-out}
+mkdir -p "$out"
+export KIMI_ROUTER_OPS_AOT_DIR=${KIMI_ROUTER_OPS_AOT_DIR:-$PWD/build/aot}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
+git rev-parse HEAD 2>/dev/null | tee -a "$out/gpu.txt"
+python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 \
+  || { tail -50 "$out/build.log"; exit 1; }
+status=0
+for step in "$@"; do
+  case $step in
+    test) python3 -m pytest tests -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -40 || status=1 ;;
+    main) python3 -m kimi_router_ops 2>&1 | tee "$out/main.log" || status=1 ;;
+    bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
+    bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
+    *) echo "unknown step $step"; status=1 ;;
+  esac
+done
+exit $status
