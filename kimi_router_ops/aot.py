@@ -106,7 +106,7 @@ def kernel_table_header(kernels) -> str:
         + "\n".join(includes)
         + "\n\nnamespace kimi {\n\n"
         + "\n\n".join(adapters)
-        + "\n\nconstexpr CompiledKernel kCompiledKernels[] = {\n"
+        + "\n\ninline constexpr CompiledKernel kCompiledKernels[] = {\n"
         + "\n".join(rows)
         + "\n};\n\n}  // namespace kimi\n"
     )

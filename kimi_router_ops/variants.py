@@ -72,8 +72,9 @@ def write_variant_table_header(path: str) -> None:
         "#pragma once\n"
         '#include "variant_row.h"\n\n'
         "namespace kimi {\n"
-        f"constexpr int kMaxM = {MAX_M};\n"
-        "constexpr VariantRow kVariantRows[] = {\n"
+        f"inline constexpr int kMaxM = {MAX_M};\n"
+        "// inline: one array for the whole program, so row pointers compare across files.\n"
+        "inline constexpr VariantRow kVariantRows[] = {\n"
         f"{rows}\n"
         "};\n"
         "}  // namespace kimi\n"
