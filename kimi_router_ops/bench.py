@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
+from kimi_router_ops import variants
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
 SHAPES = {"kimi-k3": (896, 7168), "kimi-k2": (384, 7168), "deepseek-v3": (256, 7168)}
@@ -26,16 +27,16 @@ M_LIST = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
 
 
 def implementations(m):
-    """name -> fn(x, w) for problem size m. Forced kernels only where they apply."""
+    """name -> fn(x, w) for problem size m: the op, cuBLAS, and every kernel whose M range holds m."""
     impls = {
         "ll_bf16_gemm (auto)": lambda x, w: kimi_router_ops.ll_bf16_gemm(x, w),
         "F.linear (bf16 out)": lambda x, w: F.linear(x, w),
         "torch.mm (fp32 out)": lambda x, w: torch.mm(x, w.t(), out_dtype=torch.float32),
     }
-    if m == 1:
-        for variant in ("m1_prefetch", "m1", "m1_nopdl"):
-            impls[f"forced {variant}"] = (
-                lambda x, w, v=variant: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, v)
+    for v in variants.VARIANTS:
+        if v.m_lo <= m <= v.m_hi:
+            impls[f"forced {v.name}"] = (
+                lambda x, w, name=v.name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)
             )
     return impls
 

@@ -97,7 +97,7 @@ def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
         if not v.pdl:
             assert "griddepcontrol" not in ptx
             continue
-        assert "griddepcontrol.launch_dependents" in ptx
+        assert "griddepcontrol.launch_dependents" in ptx.partition("griddepcontrol.wait")[2]
         loads = global_loads_before_wait(ptx)
         if v.prefetch:
             # Exactly the first step of weight loads (one per vector), 16 bytes wide at vec 8.

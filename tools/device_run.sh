@@ -8,6 +8,9 @@ out=${OUT:-device-out}
 mkdir -p "$out"
 export KIMI_ROUTER_OPS_AOT_DIR=${KIMI_ROUTER_OPS_AOT_DIR:-$PWD/build/aot}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1
+# _C must share torch's libstdc++: a compiler that links libstdc++ statically (seen: a
+# custom gcc named by $CXX on a GPU image) gives _C its own iostreams, which crash.
+export CXX=${KIMI_CXX:-/usr/bin/c++} CC=${KIMI_CC:-/usr/bin/cc}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
 git rev-parse HEAD 2>/dev/null | tee -a "$out/gpu.txt"

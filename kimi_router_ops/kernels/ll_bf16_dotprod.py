@@ -122,6 +122,10 @@ class LLBf16Dotprod:
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
+            # Let the next kernel launch now: it cannot read our output before its own wait,
+            # which returns only once this grid has finished and flushed, so the early signal
+            # is safe, and a dependent router kernel can stream its weights while we finish.
+            cute.arch.griddepcontrol_launch_dependents()
 
         for s in cutlass.range(n_steps, unroll=1):
             kv, kv_clamped = self._step_columns(s, tidx, kv_count)
@@ -167,6 +171,3 @@ class LLBf16Dotprod:
                 total = total + partials[tidx, wi]
             if m < m_count and n_first + r < n_count:
                 out[m, n_first + r] = total.to(out.element_type)
-        if const_expr(self.pdl):
-            # Our outputs are written: the next kernel may start its prologue.
-            cute.arch.griddepcontrol_launch_dependents()
