@@ -32,6 +32,11 @@ VARIANTS = (
     Variant("m4", 3, 4, rows_per_cta=2, unroll=4, prefetch=False, pdl=True, automatic=True),
     Variant("m8", 5, 8, rows_per_cta=4, unroll=2, prefetch=False, pdl=True, automatic=True),
     Variant("m16", 9, 16, rows_per_cta=4, unroll=1, prefetch=False, pdl=True, automatic=True),
+    Variant("m1_prefetch_r2", 1, 1, rows_per_cta=2, unroll=8, prefetch=True, pdl=True, automatic=False),
+    Variant("m1_prefetch_r4", 1, 1, rows_per_cta=4, unroll=4, prefetch=True, pdl=True, automatic=False),
+    Variant("m2_r4", 2, 2, rows_per_cta=4, unroll=4, prefetch=False, pdl=True, automatic=False),
+    Variant("m4_r4", 3, 4, rows_per_cta=4, unroll=4, prefetch=False, pdl=True, automatic=False),
+    Variant("m8_r8", 5, 8, rows_per_cta=8, unroll=1, prefetch=False, pdl=True, automatic=False),
 )
 
 # Elements per load: 8 (16-byte vectors) when K, the row strides and the data pointers
