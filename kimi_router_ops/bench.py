@@ -12,6 +12,7 @@ Writes <out>/bench.json, <out>/bench.md and <out>/bench.png.
 import argparse
 import datetime
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -54,6 +55,8 @@ def empty_node_us() -> float:
 
 
 def git_commit() -> str:
+    if os.environ.get("KIMI_COMMIT"):  # set by tools/device_run.sh: GPU machines get no .git
+        return os.environ["KIMI_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()

@@ -13,7 +13,7 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1
 export CXX=${KIMI_CXX:-/usr/bin/c++} CC=${KIMI_CC:-/usr/bin/cc}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
-git rev-parse HEAD 2>/dev/null | tee -a "$out/gpu.txt"
+echo "commit ${KIMI_COMMIT:-unknown}" | tee -a "$out/gpu.txt"  # the tree travels without .git
 python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 \
   || { tail -50 "$out/build.log"; exit 1; }
 status=0
@@ -23,6 +23,7 @@ for step in "$@"; do
     main) python3 -m kimi_router_ops 2>&1 | tee "$out/main.log" || status=1 ;;
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
+    bench-decode) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 3 4 6 8 2>&1 | tail -60 || status=1 ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done
