@@ -50,16 +50,20 @@ void check_inputs(const at::Tensor& x, const at::Tensor& w, c10::ScalarType out_
                     dtype_name(out_dtype));
 }
 
-Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, bool vec8_ok) {
+bool kernels_support(int64_t sm, int64_t N, int64_t K) {
+  // Built for Hopper (sm_90a) and datacenter Blackwell (sm_100a); sizes are 32-bit.
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+  return (sm == 90 || sm == 100) && N <= kInt32Max && K <= kInt32Max;
+}
+
+Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, bool vec8_ok) {
   const Choice cublas{nullptr, 0};
-  // The kernels exist for Hopper (sm_90a) and datacenter Blackwell (sm_100a) only, take
-  // 32-bit sizes, and are built for decode: above kMaxM tokens cuBLAS's tensor cores win.
-  if ((sm != 90 && sm != 100) || M > kMaxM || N > kInt32Max || K > kInt32Max) {
+  if (!kernels_support(sm, N, K)) {
     return cublas;
   }
+  // M without an automatic row goes to cuBLAS (variants.py says why).
   for (const VariantRow& row : kVariantRows) {
-    if (row.automatic && row.m_lo <= M && M <= row.m_hi) {
+    if (row.automatic && row.m_lo <= M && M <= row.m_hi && N >= row.n_min) {
       return {&row, vec8_ok ? 8 : 1};
     }
   }

@@ -13,6 +13,9 @@ namespace kimi {
 void check_inputs(const at::Tensor& hidden_states, const at::Tensor& router_weight,
                   c10::ScalarType out_dtype);
 
+// Whether the CuTe DSL kernels can run a problem at all on a GPU of compute capability sm.
+bool kernels_support(int64_t sm, int64_t N, int64_t K);
+
 // Which kernel runs for a problem. row == nullptr means cuBLAS (at::mm).
 struct Choice {
   const VariantRow* row;

@@ -127,6 +127,7 @@ def runtime_library() -> Path:
 def build_arch(out_dir: Path, arch: str) -> None:
     """Compile one architecture's kernels (CuTe DSL reads the target from CUTE_DSL_ARCH)."""
     kernels = [k for k in variants.compiled_kernels() if k[3] == arch]
+    shutil.rmtree(out_dir / arch, ignore_errors=True)  # no objects of since-removed variants
     Path(os.environ["CUTE_DSL_DUMP_DIR"]).mkdir(parents=True, exist_ok=True)  # PTX lands here
     start = time.time()
     for i, (variant, vec, out_dtype, arch, _) in enumerate(kernels, 1):

@@ -12,35 +12,54 @@ from conftest import MODEL_SHAPES, requires_cuda_build
 AOT_DIR = Path(__file__).resolve().parent.parent / "build" / "aot"
 
 
+def row(name):
+    return next(v for v in variants.VARIANTS if v.name == name)
+
+
 @pytest.mark.parametrize("sm", [90, 100])
 @pytest.mark.parametrize("n, k", MODEL_SHAPES.values())
-def test_m1_picks_the_prefetch_kernel(sm, n, k):
-    assert kimi_router_ops.chosen_variant(1, n, k, sm=sm) == "m1_prefetch:vec8"
+def test_m1_picks_a_prefetch_kernel(sm, n, k):
+    name, vec = kimi_router_ops.chosen_variant(1, n, k, sm=sm).split(":")
+    assert row(name).prefetch and row(name).pdl and vec == "vec8"
 
 
-@pytest.mark.parametrize("m", range(1, variants.MAX_M + 1))
-def test_every_decode_m_gets_a_kernel_whose_bucket_holds_it(m):
-    name, vec = kimi_router_ops.chosen_variant(m, 896, 7168).split(":")
-    row = next(v for v in variants.VARIANTS if v.name == name)
-    assert row.automatic and row.m_lo <= m <= row.m_hi and vec == "vec8"
+@pytest.mark.parametrize("n, k", MODEL_SHAPES.values())
+@pytest.mark.parametrize("m", range(1, 129))
+def test_every_m_gets_a_kernel_whose_bucket_holds_it_or_cublas(m, n, k):
+    choice = kimi_router_ops.chosen_variant(m, n, k)
+    if choice == "cublas":
+        assert not any(v.automatic and v.m_lo <= m <= v.m_hi and n >= v.n_min for v in variants.VARIANTS)
+        return
+    name, vec = choice.split(":")
+    assert row(name).automatic and row(name).m_lo <= m <= row(name).m_hi and n >= row(name).n_min
 
 
-def test_automatic_rows_cover_decode_without_overlap():
-    covered = sorted(m for v in variants.VARIANTS if v.automatic for m in range(v.m_lo, v.m_hi + 1))
-    assert covered == list(range(1, variants.MAX_M + 1))
+@pytest.mark.parametrize("n", [1, 256, 511, 512, 896, 100000])
+def test_automatic_rows_cover_1_to_their_largest_m_exactly_once(n):
+    first_match = {}
+    for v in variants.VARIANTS:
+        for m in range(v.m_lo, v.m_hi + 1):
+            if v.automatic and n >= v.n_min:
+                first_match.setdefault(m, v.name)
+    assert sorted(first_match) == list(range(1, max(first_match) + 1))
 
 
 @pytest.mark.parametrize(
     "m, n, k, sm, aligned, expected",
     [
         (0, 896, 7168, 90, True, "empty"),
-        (17, 896, 7168, 90, True, "cublas"),
+        (1, 896, 7168, 90, True, "m1_prefetch_r2:vec8"),
+        (1, 384, 7168, 90, True, "m1_prefetch:vec8"),
+        (2, 896, 7168, 90, True, "m2:vec8"),
+        (4, 256, 7168, 100, True, "m4:vec8"),
+        (5, 896, 7168, 90, True, "cublas"),  # m8 loses to cuBLAS on an H200
+        (16, 896, 7168, 90, True, "cublas"),
         (4096, 896, 7168, 90, True, "cublas"),
         (1, 896, 7168, 80, True, "cublas"),  # Ampere: no kernels
         (1, 896, 7168, 120, True, "cublas"),  # consumer Blackwell: no kernels
-        (1, 896, 7169, 90, True, "m1_prefetch:vec1"),  # K % 8 != 0
-        (1, 896, 7168, 90, False, "m1_prefetch:vec1"),  # misaligned pointer or stride
-        (16, 1, 1, 100, True, "m16:vec1"),
+        (1, 896, 7169, 90, True, "m1_prefetch_r2:vec1"),  # K % 8 != 0
+        (1, 896, 7168, 90, False, "m1_prefetch_r2:vec1"),  # misaligned pointer or stride
+        (3, 1, 1, 100, True, "m4:vec1"),
     ],
 )
 def test_choice(m, n, k, sm, aligned, expected):

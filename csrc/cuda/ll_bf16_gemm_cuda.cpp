@@ -138,8 +138,8 @@ at::Tensor launch(const VariantRow* row, const at::Tensor& x_in, const at::Tenso
   } else {
     TORCH_CHECK_VALUE(M <= row->m_hi, "ll_bf16_gemm_with_variant: variant ", row->name,
                       " handles M <= ", row->m_hi, ", got M = ", M);
-    TORCH_CHECK(choose_kernel(1, N, K, sm, vec8).row != nullptr,
-                "ll_bf16_gemm_with_variant: no kernels for sm_", sm, " or for N=", N, " K=", K);
+    TORCH_CHECK(kernels_support(sm, N, K), "ll_bf16_gemm_with_variant: no kernels for sm_", sm,
+                " or for N=", N, " K=", K);
   }
   if (row == nullptr) {
     return cublas_mm(x, w, out_dtype);
