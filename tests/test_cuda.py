@@ -141,13 +141,35 @@ def test_compile_reduce_overhead():
 
     def router(x):
         logits = kimi_router_ops.ll_bf16_gemm(x, w)
-        return torch.topk(torch.sigmoid(logits), 8, dim=-1).indices
+        return logits, torch.topk(logits, 8, dim=-1).indices
 
     compiled = torch.compile(router, mode="reduce-overhead", fullgraph=True)
     for _ in range(3):
         for m in (1, 4):
             x = random_bf16(m, 7168, device="cuda")
+            (logits, top), (logits_ref, top_ref) = compiled(x), router(x)
+            assert torch.equal(logits, logits_ref) and torch.equal(top, top_ref)
+
+
+def test_compile_graph_trees_dynamic_m():
+    """reduce-overhead with dynamic M: never skips CUDA graphs, and compiles at most twice
+    (M == 1 is specialized by dynamo's 0/1 rule; every other M shares one dynamic graph)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    w = random_bf16(896, 7168, device="cuda")
+
+    def router(x):
+        return kimi_router_ops.ll_bf16_gemm(x, w)
+
+    compiled = torch.compile(router, mode="reduce-overhead", fullgraph=True, dynamic=True)
+    for m in (1, 2, 4, 8, 3, 16, 2, 1, 64):
+        x = random_bf16(m, 7168, device="cuda")
+        for _ in range(3):
             assert torch.equal(compiled(x), router(x))
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
 
 
 def test_opcheck_cuda_model_shape():

@@ -26,6 +26,17 @@ def bad_calls(device):
         "out int32": ((bf(2, 64), bf(8, 64), torch.int32), ValueError, "out_dtype must be torch.float32 or torch.bfloat16, got torch.int32"),
         "out float16": ((bf(2, 64), bf(8, 64), torch.float16), ValueError, "out_dtype must be torch.float32 or torch.bfloat16"),
         "out float64": ((bf(2, 64), bf(8, 64), torch.float64), ValueError, "out_dtype must be"),
+        "out bool": ((bf(2, 64), bf(8, 64), torch.bool), ValueError, "out_dtype must be"),
+        "out complex64": ((bf(2, 64), bf(8, 64), torch.complex64), ValueError, "out_dtype must be"),
+        "x int32": ((torch.ones(2, 64, dtype=torch.int32, device=device), bf(8, 64)), TypeError, "hidden_states must be torch.bfloat16, got torch.int32"),
+        "x bool": ((torch.ones(2, 64, dtype=torch.bool, device=device), bf(8, 64)), TypeError, "hidden_states must be torch.bfloat16"),
+        "w float64": ((bf(2, 64), bf(8, 64).double()), TypeError, "router_weight must be torch.bfloat16"),
+        "x 0-D": ((bf(1).reshape(()), bf(8, 64)), ValueError, "hidden_states must be 2-D"),
+        "w 0-D": ((bf(2, 64), bf(1).reshape(())), ValueError, "router_weight must be 2-D"),
+        "x 4-D": ((bf(1, 1, 2, 64), bf(8, 64)), ValueError, "hidden_states must be 2-D"),
+        "K mismatch by one": ((bf(1, 7168), bf(896, 7169)), ValueError, "same K"),
+        "K zero and N zero": ((bf(2, 0), bf(0, 0)), ValueError, "K must be at least 1"),
+        "transposed weight": ((bf(2, 64), bf(64, 8)), ValueError, "same K"),
     }
 
 
@@ -54,3 +65,27 @@ def test_device_mix_is_an_error():
         kimi_router_ops.ll_bf16_gemm(random_bf16(2, 64, device="cuda"), random_bf16(8, 64))
     with pytest.raises(RuntimeError, match="must be on the same device"):
         kimi_router_ops.ll_bf16_gemm(random_bf16(2, 64), random_bf16(8, 64, device="cuda"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "case",
+    ["huge N", "huge K", "requires grad", "offset views", "row-strided views", "transposed input", "expanded input", "M zero"],
+)
+def test_supported_edge_inputs(device, case):
+    """Inputs that look odd but are supported: each gives the right answer."""
+    bf = lambda *s: random_bf16(*s, device=device)  # noqa: E731
+    x, w = {
+        "huge N": lambda: (bf(1, 64), bf(65537, 64)),
+        "huge K": lambda: (bf(2, 65541), bf(3, 65541)),
+        "requires grad": lambda: (bf(2, 64).requires_grad_(), bf(8, 64).requires_grad_()),
+        "offset views": lambda: (bf(3, 70)[:, 3:67], bf(9, 71)[:, 5:69]),
+        "row-strided views": lambda: (bf(6, 64)[::2], bf(18, 64)[::3]),
+        "transposed input": lambda: (bf(64, 3).t(), bf(64, 9).t()),
+        "expanded input": lambda: (bf(1, 64).expand(5, 64), bf(9, 64)),
+        "M zero": lambda: (bf(0, 64), bf(9, 64)),
+    }[case]()
+    out = kimi_router_ops.ll_bf16_gemm(x, w)
+    assert out.shape == (x.shape[0], w.shape[0])
+    if x.shape[0]:
+        assert relative_error(out.detach(), reference(x.detach(), w.detach())) <= 1e-5

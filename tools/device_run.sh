@@ -24,6 +24,12 @@ for step in "$@"; do
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
     bench-decode) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 3 4 6 8 2>&1 | tail -60 || status=1 ;;
+    sanitize)
+      for tool in memcheck racecheck synccheck initcheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize.py \
+          >"$out/sanitize-$tool.log" 2>&1
+        echo "compute-sanitizer $tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards' "$out/sanitize-$tool.log") clean summaries): $(grep -E 'SUMMARY|kernel calls' "$out/sanitize-$tool.log" | tr '\n' ' ')"
+      done | tee "$out/sanitize.txt" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

@@ -1,0 +1,42 @@
+"""Every kernel variant over odd shapes, for compute-sanitizer (tools/device_run.sh sanitize).
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python3 tools/sanitize.py
+
+Inputs are made on the CPU and copied over, so the GPU work under the tool is our kernels
+plus copies; each result is checked against the CPU reference as well.
+"""
+
+import sys
+
+import torch
+
+import kimi_router_ops
+from kimi_router_ops import variants
+
+N_LIST = (1, 3, 17, 895)
+K_LIST = (1, 7, 9, 1000, 7169)
+
+
+def main():
+    calls = 0
+    worst = 0.0
+    for v in variants.VARIANTS:
+        for m in sorted({1, v.m_lo, v.m_hi}):
+            shapes = [(n, k) for n in N_LIST for k in K_LIST] + [(896, 7168)]
+            for n, k in shapes:
+                x = torch.randn(m, k).to(torch.bfloat16)
+                w = torch.randn(n, k).to(torch.bfloat16)
+                for out_dtype in (torch.float32, torch.bfloat16):
+                    out = kimi_router_ops.ll_bf16_gemm_with_variant(x.cuda(), w.cuda(), v.name, out_dtype)
+                    ref = x.double() @ w.double().t()
+                    err = ((out.cpu().double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                    worst = max(worst, err if out_dtype == torch.float32 else err / 800)
+                    calls += 1
+    torch.cuda.synchronize()
+    print(f"{calls} kernel calls, worst fp32 relative error {worst:.2e}")
+    if worst > 1e-5:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
