@@ -14,5 +14,12 @@ from .ops import (
     ll_bf16_gemm,
     ll_bf16_gemm_with_variant,
 )
+from .router_linear import RouterLinear
 
-__all__ = ["ll_bf16_gemm", "ll_bf16_gemm_with_variant", "chosen_variant", "compiled_kernels"]
+__all__ = [
+    "RouterLinear",
+    "chosen_variant",
+    "compiled_kernels",
+    "ll_bf16_gemm",
+    "ll_bf16_gemm_with_variant",
+]

@@ -54,6 +54,33 @@ def empty_node_us() -> float:
     return graph_time_us([lambda: tiny.add_(1)] * 20)
 
 
+def host_overhead_us(fn, calls: int = 100, repeats: int = 20) -> float:
+    """CPU time per eager call (Python -> op -> launch), no synchronization: the best of
+    `repeats` bursts of `calls` calls, few enough that the launch queue never fills."""
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    torch.cuda.synchronize()
+    return best * 1e6
+
+
+def host_overheads():
+    n, k = SHAPES["kimi-k3"]
+    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    return {
+        "ll_bf16_gemm": round(host_overhead_us(lambda: kimi_router_ops.ll_bf16_gemm(x, w)), 2),
+        "F.linear": round(host_overhead_us(lambda: F.linear(x, w)), 2),
+        "torch.mm fp32 out": round(host_overhead_us(lambda: torch.mm(x, w.t(), out_dtype=torch.float32)), 2),
+    }
+
+
 def git_commit() -> str:
     if os.environ.get("KIMI_COMMIT"):  # set by tools/device_run.sh: GPU machines get no .git
         return os.environ["KIMI_COMMIT"]
@@ -95,6 +122,7 @@ def run(shapes, m_list, replays):
         "driver": _driver_version(),
         "hbm_read_TBps": round(bandwidth / 1e12, 3),
         "empty_node_us": round(node_us, 3),
+        "host_overhead_us": host_overheads(),
         "replays": replays,
         "results": results,
     }
@@ -114,6 +142,7 @@ def markdown(report) -> str:
         f"commit {report['commit']}, {report['date']}",
         f"HBM read {report['hbm_read_TBps']} TB/s, empty graph node {report['empty_node_us']} us; "
         f"median of {report['replays']} graph replays, cold L2. Cells: us per call (x floor).",
+        f"Eager host overhead per call (Kimi-K3, M=1, no sync): {report['host_overhead_us']} us.",
         "",
     ]
     for shape in dict.fromkeys(r["shape"] for r in report["results"]):

@@ -21,8 +21,10 @@ for step in "$@"; do
   case $step in
     test) python3 -m pytest tests -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -40 || status=1 ;;
     main) python3 -m kimi_router_ops 2>&1 | tee "$out/main.log" || status=1 ;;
+    example) { python3 examples/moe_router.py && python3 examples/moe_router.py --model kimi-k2 --tokens 4; } 2>&1 | tee "$out/example.log" || status=1 ;;
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
+    chain) python3 -m kimi_router_ops.bench_chain --out "$out" 2>&1 | tail -20 || status=1 ;;
     bench-decode) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 3 4 6 8 2>&1 | tail -60 || status=1 ;;
     sanitize)
       for tool in memcheck racecheck synccheck initcheck; do
