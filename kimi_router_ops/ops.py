@@ -1,6 +1,6 @@
-"""Python surface of torch.ops.kimi: typed wrappers, the fake (meta) kernels, autograd.
+"""Python surface of torch.ops.kimi: typed wrappers and the fake (meta) kernels.
 
-The schema lives in csrc/ll_bf16_gemm.cpp; the fake kernels here check the same input
+The schema and autograd live in csrc/ll_bf16_gemm.cpp; the fake kernels here check the same input
 contract as csrc's check_inputs (same exception types, same messages), so torch.compile
 reports a bad call as eager mode would, without touching data.
 """
@@ -103,23 +103,3 @@ def _ll_bf16_gemm_fake(hidden_states, router_weight, out_dtype=torch.float32):
 @torch.library.register_fake("kimi::ll_bf16_gemm_with_variant")
 def _ll_bf16_gemm_with_variant_fake(hidden_states, router_weight, variant, out_dtype=torch.float32):
     return _ll_bf16_gemm_fake(hidden_states, router_weight, out_dtype)
-
-
-def _setup_context(ctx, inputs, output):
-    hidden_states, router_weight, _ = inputs
-    ctx.save_for_backward(hidden_states, router_weight)
-
-
-def _backward(ctx, grad_logits):
-    # logits = x @ w^T, so dx = dlogits @ w and dw = dlogits^T @ x (fp32 math, bf16 grads).
-    hidden_states, router_weight = ctx.saved_tensors
-    grad = grad_logits.float()
-    grad_x = grad_w = None
-    if ctx.needs_input_grad[0]:
-        grad_x = (grad @ router_weight.float()).to(hidden_states.dtype)
-    if ctx.needs_input_grad[1]:
-        grad_w = (grad.t() @ hidden_states.float()).to(router_weight.dtype)
-    return grad_x, grad_w, None
-
-
-torch.library.register_autograd("kimi::ll_bf16_gemm", _backward, setup_context=_setup_context)

@@ -14,13 +14,14 @@ export CXX=${KIMI_CXX:-/usr/bin/c++} CC=${KIMI_CC:-/usr/bin/cc}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$out/gpu.txt"
 echo "commit ${KIMI_COMMIT:-unknown}" | tee -a "$out/gpu.txt"  # the tree travels without .git
-python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 \
-  || { tail -50 "$out/build.log"; exit 1; }
+python3 -m pip install --no-build-isolation --no-deps -e . >/tmp/kimi-build.log 2>&1 \
+  || { tail -50 /tmp/kimi-build.log; exit 1; }
 status=0
 for step in "$@"; do
   case $step in
-    test) python3 -m pytest tests -q -rs -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -40 || status=1 ;;
-    main) python3 -m kimi_router_ops 2>&1 | tee "$out/main.log" || status=1 ;;
+    test) python3 -m pytest tests -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1 || status=1
+          grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/pytest.log" | tail -30 ;;
+    main) python3 -m kimi_router_ops || status=1 ;;
     example) { python3 examples/moe_router.py && python3 examples/moe_router.py --model kimi-k2 --tokens 4; } 2>&1 | tee "$out/example.log" || status=1 ;;
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
