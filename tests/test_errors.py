@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kimi_router_ops
-from conftest import HAS_CUDA, random_bf16, reference, relative_error
+from conftest import HAS_CUDA, random_bf16, reference, relative_error, requires_cuda
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
@@ -59,7 +59,7 @@ def test_fake_kernel_reports_the_same(case):
         kimi_router_ops.ll_bf16_gemm(*args)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible)")
+@requires_cuda
 def test_device_mix_is_an_error():
     with pytest.raises(RuntimeError, match="must be on the same device"):
         kimi_router_ops.ll_bf16_gemm(random_bf16(2, 64, device="cuda"), random_bf16(8, 64))
