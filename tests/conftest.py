@@ -4,9 +4,10 @@ import pytest
 import torch
 
 import kimi_router_ops  # noqa: F401  (registers torch.ops.kimi)
+from kimi_router_ops.bench import SHAPES
 
-# Kimi-K3, Kimi-K2, DeepSeek-V3 router shapes: (N experts, K hidden).
-MODEL_SHAPES = {"kimi-k3": (896, 7168), "kimi-k2": (384, 7168), "deepseek-v3": (256, 7168)}
+# Kimi-K3, Kimi-K2, DeepSeek-V3 router shapes, (N experts, K hidden): the benchmark's table.
+MODEL_SHAPES = SHAPES
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible)")
