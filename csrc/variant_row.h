@@ -5,9 +5,11 @@ namespace kimi {
 // One row of the variant table (kimi_router_ops/variants.py, emitted as kimi_variant_table.h).
 struct VariantRow {
   const char* name;
-  int m_lo;  // chosen automatically for m_lo <= M <= m_hi and N >= n_min (first match)
-  int m_hi;  // the compiled token bucket: the kernel is correct for any M <= m_hi
+  int m_lo;  // chosen automatically for m_lo <= M <= m_hi and n_min <= N <= n_max
+  int m_hi;  // (first match); m_hi is the compiled token bucket: correct for any M <= m_hi
   int n_min;
+  int n_max;
+  bool scalar_loads;  // also compiled with scalar loads (any K, any alignment)
   bool prefetch;
   bool pdl;
   bool automatic;  // false: run only when asked for by name

@@ -47,22 +47,27 @@ def fake_arguments(vec: int, out_dtype: str):
     return x, w, out
 
 
+def kernel_object(variant, vec):
+    """The kernel class of the variant's family, with the variant's compile-time parameters."""
+    from dataclasses import asdict
+
+    from kernels.ll_bf16_dotprod import LLBf16Dotprod
+    from kernels.ll_bf16_mma import LLBf16Mma
+
+    family = {variants.Dotprod: LLBf16Dotprod, variants.Mma: LLBf16Mma}[type(variant.kernel)]
+    params = asdict(variant.kernel)
+    if family is LLBf16Dotprod:
+        params["vec"] = vec
+    return family(max_m=variant.m_hi, prefetch=variant.prefetch, pdl=variant.pdl, **params)
+
+
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
-    from kernels.ll_bf16_dotprod import LLBf16Dotprod
 
     symbol = variants.kernel_symbol(variant, vec, out_dtype, arch)
-    kernel = LLBf16Dotprod(
-        max_m=variant.m_hi,
-        rows_per_cta=variant.rows_per_cta,
-        unroll=variant.unroll,
-        vec=vec,
-        prefetch=variant.prefetch,
-        pdl=variant.pdl,
-    )
     compiled = cute.compile(
-        kernel,
+        kernel_object(variant, vec),
         *fake_arguments(vec, out_dtype),
         cuda.CUstream(0),
         options="--keep-ptx",

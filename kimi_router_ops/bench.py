@@ -27,15 +27,16 @@ SHAPES = {"kimi-k3": (896, 7168), "kimi-k2": (384, 7168), "deepseek-v3": (256, 7
 M_LIST = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
 
 
-def implementations(m):
-    """name -> fn(x, w) for problem size m: the op, cuBLAS, and every kernel whose M range holds m."""
+def implementations(m, sweep=False):
+    """name -> fn(x, w) for problem size m: the op, cuBLAS, and every kernel whose M range
+    holds m (with `sweep`, every kernel whose token bucket holds m)."""
     impls = {
         "ll_bf16_gemm (auto)": lambda x, w: kimi_router_ops.ll_bf16_gemm(x, w),
         "F.linear (bf16 out)": lambda x, w: F.linear(x, w),
         "torch.mm (fp32 out)": lambda x, w: torch.mm(x, w.t(), out_dtype=torch.float32),
     }
     for v in variants.VARIANTS:
-        if v.m_lo <= m <= v.m_hi:
+        if (1 if sweep else v.m_lo) <= m <= v.m_hi:
             impls[f"forced {v.name}"] = (
                 lambda x, w, name=v.name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)
             )
@@ -93,7 +94,7 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run(shapes, m_list, replays):
+def run(shapes, m_list, replays, sweep=False):
     from tqdm import tqdm
 
     bandwidth = hbm_read_bandwidth()
@@ -106,7 +107,7 @@ def run(shapes, m_list, replays):
         weights = weight_copies(n, k, 3 * l2_bytes())
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         floor_us = n * k * 2 / bandwidth * 1e6
-        for impl, fn in implementations(m).items():
+        for impl, fn in implementations(m, sweep).items():
             us = graph_time_us([lambda w=w: fn(x, w) for w in weights], replays=replays)
             results.append({
                 "shape": shape, "N": n, "K": k, "M": m, "impl": impl, "us": round(us, 3),
@@ -191,21 +192,51 @@ def plot(report, path):
     fig.savefig(path, dpi=110)
 
 
+def sweep_markdown(report, top: int = 3) -> str:
+    """Per (shape, M): the automatic choice, cuBLAS, and the fastest forced variants."""
+    lines = [
+        f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}; "
+        f"HBM read {report['hbm_read_TBps']} TB/s; us per call, cold L2.",
+        "",
+        "| shape | M | auto (kernel) | cuBLAS fp32 | " + " | ".join(f"#{i + 1}" for i in range(top)) + " |",
+        "|---" * (4 + top) + "|",
+    ]
+    cases = dict.fromkeys((r["shape"], r["M"]) for r in report["results"])
+    for shape, m in cases:
+        rows = [r for r in report["results"] if r["shape"] == shape and r["M"] == m]
+        by_impl = {r["impl"]: r for r in rows}
+        auto = by_impl["ll_bf16_gemm (auto)"]
+        forced = sorted((r for r in rows if r["impl"].startswith("forced ")), key=lambda r: r["us"])
+        best = [f"{r['us']:.2f} {r['impl'].removeprefix('forced ')}" for r in forced[:top]]
+        best += [""] * (top - len(best))
+        lines.append(
+            f"| {shape} | {m} | {auto['us']:.2f} ({auto['kernel']}) | "
+            f"{by_impl['torch.mm (fp32 out)']['us']:.2f} | " + " | ".join(best) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
+    parser.add_argument("--m", nargs="+", type=int, help=f"token counts (default {M_LIST}; "
+                        f"with --sweep 1..{variants.MAX_M})")
+    parser.add_argument("--sweep", action="store_true",
+                        help="retuning: every compiled variant at the decode M, ranked per (shape, M)")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("bench-out"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("the benchmark needs a CUDA GPU")
     args.out.mkdir(parents=True, exist_ok=True)
-    report = run(args.shapes, args.m, max(30, args.replays))
-    (args.out / "bench.json").write_text(json.dumps(report, indent=1))
-    table = markdown(report)
-    (args.out / "bench.md").write_text(table)
-    plot(report, args.out / "bench.png")
+    m_list = args.m or (list(range(1, variants.MAX_M + 1)) if args.sweep else list(M_LIST))
+    report = run(args.shapes, m_list, max(30, args.replays), args.sweep)
+    stem = "sweep" if args.sweep else "bench"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+    table = sweep_markdown(report) if args.sweep else markdown(report)
+    (args.out / f"{stem}.md").write_text(table)
+    if not args.sweep:
+        plot(report, args.out / "bench.png")
     print(table)
 
 

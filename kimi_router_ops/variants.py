@@ -10,38 +10,93 @@ Adding a variant is one row here, plus the benchmark number that justifies it
 """
 
 from dataclasses import dataclass
+from typing import Union
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Dotprod:
+    """CUDA-core dot product (kernels/ll_bf16_dotprod.py): one CTA per `rows_per_cta`
+    experts, all of K, `unroll` vectors per thread in flight."""
+
+    rows_per_cta: int
+    unroll: int
+    threads: int = 128
+    vecs = (8, 1)  # 16-byte loads, or scalar loads for any K and alignment
+
+    def prefetch_loads(self) -> int:
+        """Global loads per thread before the PDL wait in a prefetch variant."""
+        return self.rows_per_cta * self.unroll
+
+
+@dataclass(frozen=True)
+class Mma:
+    """Tensor cores (kernels/ll_bf16_mma.py): `tiles` 16-expert tiles per CTA, K split over
+    the `cluster_k` CTAs of a cluster and the `warps` warps of each, `unroll` 32-element
+    chunks per warp and step."""
+
+    tiles: int
+    cluster_k: int
+    warps: int
+    unroll: int
+    vecs = (8,)  # 16-byte loads only: K % 8 == 0 and 16-byte aligned rows
+
+    def prefetch_loads(self) -> int:
+        return 2 * self.tiles * self.unroll
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    m_lo: int  # the dispatch picks this row for m_lo <= M <= m_hi and N >= n_min ...
+    m_lo: int  # the dispatch picks this row for m_lo <= M <= m_hi and n_min <= N <= n_max ...
     m_hi: int  # ... (first match wins); m_hi is also the compiled token bucket
     n_min: int
-    rows_per_cta: int  # weight rows (experts) per CTA
-    unroll: int  # vectors per thread per K step, all loaded before the first use
+    n_max: int
+    kernel: Union[Dotprod, Mma]
     prefetch: bool  # load the first weight step before the PDL grid-dependency wait
     pdl: bool  # launched with programmatic dependent launch
     automatic: bool  # False: run only when asked for by name (benchmarks, tests)
+
+
+def _mma(max_m, tiles, cluster_k, warps, unroll, prefetch=True, n_min=1, n_max=INT32_MAX, automatic=False):
+    name = f"mma{max_m}_t{tiles}c{cluster_k}w{warps}u{unroll}" + ("" if prefetch else "_noprefetch")
+    return Variant(name, 1, max_m, n_min, n_max, Mma(tiles, cluster_k, warps, unroll),
+                   prefetch=prefetch, pdl=True, automatic=automatic)
 
 
 # Measured on an H200 (docs/benchmarks.md): two rows per CTA pay at N=896 (-7% at M=1) and
 # cost at N<=384; m8/m16 lose to cuBLAS there (x re-read from L2 per row block), so M > 4
 # goes to cuBLAS and they stay for measurement against future kernels.
 VARIANTS = (
-    Variant("m1_prefetch_r2", 1, 1, 512, rows_per_cta=2, unroll=8, prefetch=True, pdl=True, automatic=True),
-    Variant("m1_prefetch", 1, 1, 1, rows_per_cta=1, unroll=8, prefetch=True, pdl=True, automatic=True),
-    Variant("m1", 1, 1, 1, rows_per_cta=1, unroll=8, prefetch=False, pdl=True, automatic=False),
-    Variant("m1_nopdl", 1, 1, 1, rows_per_cta=1, unroll=8, prefetch=False, pdl=False, automatic=False),
-    Variant("m2", 2, 2, 1, rows_per_cta=2, unroll=4, prefetch=False, pdl=True, automatic=True),
-    Variant("m4", 3, 4, 1, rows_per_cta=2, unroll=4, prefetch=False, pdl=True, automatic=True),
-    Variant("m8", 5, 8, 1, rows_per_cta=4, unroll=2, prefetch=False, pdl=True, automatic=False),
-    Variant("m16", 9, 16, 1, rows_per_cta=4, unroll=1, prefetch=False, pdl=True, automatic=False),
+    Variant("m1_prefetch_r2", 1, 1, 512, INT32_MAX, Dotprod(2, 8), prefetch=True, pdl=True, automatic=True),
+    Variant("m1_prefetch", 1, 1, 1, INT32_MAX, Dotprod(1, 8), prefetch=True, pdl=True, automatic=True),
+    Variant("m1", 1, 1, 1, INT32_MAX, Dotprod(1, 8), prefetch=False, pdl=True, automatic=False),
+    Variant("m1_nopdl", 1, 1, 1, INT32_MAX, Dotprod(1, 8), prefetch=False, pdl=False, automatic=False),
+    Variant("m1_prefetch_r4", 1, 1, 1, INT32_MAX, Dotprod(4, 8), prefetch=True, pdl=True, automatic=False),
+    Variant("m1_prefetch_t64", 1, 1, 1, INT32_MAX, Dotprod(1, 16, threads=64), prefetch=True, pdl=True, automatic=False),
+    Variant("m1_prefetch_r2_t256", 1, 1, 1, INT32_MAX, Dotprod(2, 4, threads=256), prefetch=True, pdl=True, automatic=False),
+    Variant("m2", 2, 2, 1, INT32_MAX, Dotprod(2, 4), prefetch=False, pdl=True, automatic=True),
+    Variant("m4", 3, 4, 1, INT32_MAX, Dotprod(2, 4), prefetch=False, pdl=True, automatic=True),
+    Variant("m8", 5, 8, 1, INT32_MAX, Dotprod(4, 2), prefetch=False, pdl=True, automatic=False),
+    Variant("m16", 9, 16, 1, INT32_MAX, Dotprod(4, 1), prefetch=False, pdl=True, automatic=False),
+) + tuple(
+    _mma(max_m, tiles, cluster_k, warps, unroll)
+    for max_m in (8, 16)
+    for tiles in (1, 2)
+    for cluster_k in (1, 2, 4, 8)
+    for warps in (4, 8)
+    for unroll in (2, 4)
+) + tuple(
+    _mma(max_m, 1, cluster_k, warps, 4, prefetch=False)
+    for max_m in (8, 16)
+    for cluster_k in (1, 2, 4, 8)
+    for warps in (4, 8)
 )
 
 # Elements per load: 8 (16-byte vectors) when K, the row strides and the data pointers
-# allow it, else 1 (any K, any alignment, same kernel with scalar loads).
-VECS = (8, 1)
+# allow it, else 1 (any K, any alignment, same kernel with scalar loads); each kernel
+# family says which of them it is compiled for.
 OUT_DTYPES = ("float32", "bfloat16")
 # (CuTe DSL target, compute capability major*10+minor it serves)
 ARCHS = (("sm_90a", 90), ("sm_100a", 100))
@@ -60,7 +115,7 @@ def compiled_kernels():
         (v, vec, dt, arch, sm)
         for arch, sm in ARCHS
         for v in VARIANTS
-        for vec in VECS
+        for vec in v.kernel.vecs
         for dt in OUT_DTYPES
     ]
 
@@ -68,7 +123,8 @@ def compiled_kernels():
 def write_variant_table_header(path: str) -> None:
     """The rows above as a C++ array (csrc/ includes it; selection order = row order)."""
     rows = "\n".join(
-        f'    {{"{v.name}", {v.m_lo}, {v.m_hi}, {v.n_min}, {str(v.prefetch).lower()}, '
+        f'    {{"{v.name}", {v.m_lo}, {v.m_hi}, {v.n_min}, {v.n_max}, '
+        f"{str(1 in v.kernel.vecs).lower()}, {str(v.prefetch).lower()}, "
         f"{str(v.pdl).lower()}, {str(v.automatic).lower()}}},"
         for v in VARIANTS
     )

@@ -140,6 +140,9 @@ at::Tensor launch(const VariantRow* row, const at::Tensor& x_in, const at::Tenso
                       " handles M <= ", row->m_hi, ", got M = ", M);
     TORCH_CHECK(kernels_support(sm, N, K), "ll_bf16_gemm_with_variant: no kernels for sm_", sm,
                 " or for N=", N, " K=", K);
+    TORCH_CHECK_VALUE(vec8 || row->scalar_loads, "ll_bf16_gemm_with_variant: variant ", row->name,
+                      " needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned data; got K = ",
+                      K);
   }
   if (row == nullptr) {
     return cublas_mm(x, w, out_dtype);

@@ -1,0 +1,246 @@
+"""Tensor-core router GEMM for decode in CuTe DSL: warp mma.sync, split-K over a cluster.
+
+    out[m, n] = sum_k x[m, k] * w[n, k]      bf16 inputs, fp32 accumulation
+
+One `mma.sync.m16n8k16` multiplies a tile of 16 experts (rows of W, the MMA's M) by 8
+tokens (rows of x, the MMA's N). The MMA's K order inside a 32-wide chunk is free, since
+the sum does not depend on it, so it is chosen to make every load 16 bytes: lane (g, t) of a
+warp (g = lane / 4, t = lane % 4) loads the 8 contiguous elements [8t, 8t + 8) of a chunk
+from experts g and g + 8 and from token g (and g + 8), and feeds elements 0-3 to the first
+k16 MMA and 4-7 to the second. A and B see the same permutation, so the product is exact.
+
+Work split: a CTA owns `tiles` 16-expert tiles and one K slice; its warps split that slice
+again, and the `cluster_k` CTAs of a thread-block cluster hold the slices of one expert tile,
+so small N still fills the GPU. Each warp walks its run of chunks `unroll` chunks per step,
+issuing every load of a step before the first MMA. Partial sums meet in shared memory
+(warps, in warp order) and then over distributed shared memory (CTAs of the cluster, in
+rank order): a fixed order, no atomics, bitwise repeatable, one launch.
+
+x costs (tokens / (16 * tiles)) of W's bytes, read through L2 once per CTA. Tokens past M
+and experts past N are clamped to the last valid row (loaded, never stored); chunks past a
+warp's run or past K are clamped and zeroed, so every address is in bounds and the loop has
+no branches around loads.
+"""
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, const_expr
+
+TILE_E = 16  # experts per MMA (its M)
+TILE_T = 8  # tokens per MMA (its N)
+CHUNK_VECS = 4  # 16-byte vectors per lane group and chunk: a chunk is 32 elements of K
+
+
+class LLBf16Mma:
+    """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
+
+    def __init__(
+        self,
+        max_m: int,
+        tiles: int,
+        cluster_k: int,
+        warps: int,
+        unroll: int,
+        prefetch: bool,
+        pdl: bool,
+    ):
+        if max_m % TILE_T != 0:
+            raise ValueError(f"max_m must be a multiple of {TILE_T}, got {max_m}")
+        if prefetch and not pdl:
+            raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
+        self.max_m = max_m
+        self.tiles = tiles
+        self.cluster_k = cluster_k
+        self.warps = warps
+        self.unroll = unroll
+        self.prefetch = prefetch
+        self.pdl = pdl
+        self.threads = warps * cute.arch.WARP_SIZE
+        self.experts = TILE_E * tiles  # experts per CTA
+        self.token_blocks = max_m // TILE_T
+        self.outputs = self.experts * max_m  # partial sums per CTA
+
+    def smem_bytes(self) -> int:
+        return (self.warps + 1) * self.outputs * 4
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,  # [M, K] bf16, unit stride along K, K % 8 == 0, 16-byte aligned rows
+        w: cute.Tensor,  # [N, K] bf16, same
+        out: cute.Tensor,  # [M, N] float32 or bfloat16
+        stream: cuda.CUstream,
+    ):
+        xv = cute.logical_divide(x, (None, 8))
+        wv = cute.logical_divide(w, (None, 8))
+        n = w.shape[0]
+        self.kernel(xv, wv, out).launch(
+            grid=[self.cluster_k, (n + self.experts - 1) // self.experts, 1],
+            block=[self.threads, 1, 1],
+            cluster=[self.cluster_k, 1, 1],
+            smem=self.smem_bytes(),
+            stream=stream,
+            use_pdl=self.pdl,
+        )
+
+    @cute.jit
+    def _load_vec(self, src: cute.Tensor, dst: cute.Tensor):
+        aligned = cute.make_tensor(src.iterator.align(16), src.layout)
+        cute.autovec_copy(aligned, dst)
+
+    @cute.jit
+    def _load_weights(self, wv, w_regs, w_rows, columns):
+        for u in cutlass.range_constexpr(self.unroll):
+            for i in cutlass.range_constexpr(self.tiles * 2):
+                self._load_vec(wv[w_rows[i], (None, columns[u])], w_regs[None, u, i])
+
+    def _step_columns(self, s, chunk_first, chunk_end, t, kv_count):
+        """Per chunk of step s: this lane's vector column (clamped in bounds) and whether it
+        is padding (past this warp's run of chunks or past K)."""
+        columns, padding = [], []
+        for u in range(self.unroll):
+            chunk = chunk_first + s * self.unroll + u
+            kv = chunk * CHUNK_VECS + t
+            columns.append(cutlass.min(kv, kv_count - 1))
+            padding.append((chunk >= chunk_end) | (kv >= kv_count))
+        return columns, padding
+
+    @cute.kernel
+    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
+        unroll: cutlass.Constexpr = self.unroll
+        tiles: cutlass.Constexpr = self.tiles
+        token_blocks: cutlass.Constexpr = self.token_blocks
+        warps: cutlass.Constexpr = self.warps
+        threads: cutlass.Constexpr = self.threads
+        experts: cutlass.Constexpr = self.experts
+        outputs: cutlass.Constexpr = self.outputs
+        cluster_k: cutlass.Constexpr = self.cluster_k
+
+        tidx, _, _ = cute.arch.thread_idx()
+        rank, tile, _ = cute.arch.block_idx()  # grid x = the cluster: rank in it
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        g = lane // 4
+        t = lane - g * 4
+
+        m_count = xv.shape[0]
+        n_count = wv.shape[0]
+        kv_count = cute.size(xv.shape[1][1])
+        chunks = (kv_count + CHUNK_VECS - 1) // CHUNK_VECS
+        # Contiguous runs of chunks: CTA `rank` of the cluster, warp `warp` of the CTA.
+        slices = cluster_k * warps
+        run = (chunks + slices - 1) // slices
+        chunk_first = (rank * warps + warp) * run
+        chunk_end = cutlass.min(chunk_first + run, chunks)
+        n_steps = (run + unroll - 1) // unroll
+        expert_first = tile * experts
+
+        # Register i = 2 * tile + half holds expert expert_first + 16 * tile + 8 * half + g.
+        w_rows = [
+            cutlass.min(expert_first + TILE_E * (i // 2) + 8 * (i % 2) + g, n_count - 1)
+            for i in range(tiles * 2)
+        ]
+        x_rows = [cutlass.min(TILE_T * b + g, m_count - 1) for b in range(token_blocks)]
+
+        w_regs = cute.make_rmem_tensor((8, unroll, tiles * 2), BFloat16)
+        x_regs = cute.make_rmem_tensor((8, unroll, token_blocks), BFloat16)
+        # Fragments as (values, 1, 1): one MMA atom's worth for cute.gemm.
+        a_frag = cute.make_rmem_tensor((8, 1, 1), BFloat16)
+        acc = cute.make_rmem_tensor((4, tiles, token_blocks), Float32)
+        acc.fill(0.0)
+        mma = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
+
+        if const_expr(self.prefetch):
+            # W never depends on the kernel before us: request the first step's weights now,
+            # so they travel from HBM while that kernel finishes writing hidden_states.
+            first_columns, _ = self._step_columns(Int32(0), chunk_first, chunk_end, t, kv_count)
+            self._load_weights(wv, w_regs, w_rows, first_columns)
+        if const_expr(self.pdl):
+            # Everything below may read hidden_states, which the previous kernel writes.
+            cute.arch.griddepcontrol_wait()
+            # Safe this early: a dependent cannot read our output before its own wait returns,
+            # which is after this grid has finished; meanwhile it can stream its weights.
+            cute.arch.griddepcontrol_launch_dependents()
+
+        for s in cutlass.range(n_steps, unroll=1):
+            columns, padding = self._step_columns(s, chunk_first, chunk_end, t, kv_count)
+            if const_expr(self.prefetch):
+                if s > 0:
+                    self._load_weights(wv, w_regs, w_rows, columns)
+            else:
+                self._load_weights(wv, w_regs, w_rows, columns)
+            for u in cutlass.range_constexpr(unroll):
+                for b in cutlass.range_constexpr(token_blocks):
+                    self._load_vec(xv[x_rows[b], (None, columns[u])], x_regs[None, u, b])
+            for u in cutlass.range_constexpr(unroll):
+                if padding[u]:
+                    # Zero both operands of a clamped chunk (either may hold inf or NaN).
+                    w_regs[None, u, None].fill(0.0)
+                    x_regs[None, u, None].fill(0.0)
+                for half in cutlass.range_constexpr(2):
+                    e = 4 * half  # this k16 MMA takes elements e..e+3 of each loaded vector
+                    for i in cutlass.range_constexpr(tiles):
+                        # A registers in PTX order: (row g, k 0-1), (row g+8, k 0-1),
+                        # (row g, k 2-3), (row g+8, k 2-3) of this lane's four k values.
+                        for j in cutlass.range_constexpr(2):
+                            for r in cutlass.range_constexpr(2):
+                                a_frag[4 * j + 2 * r, 0, 0] = w_regs[e + 2 * j, u, 2 * i + r]
+                                a_frag[4 * j + 2 * r + 1, 0, 0] = w_regs[e + 2 * j + 1, u, 2 * i + r]
+                        for b in cutlass.range_constexpr(token_blocks):
+                            b_frag = cute.make_tensor(
+                                x_regs[None, u, b].iterator + e, cute.make_layout((4, 1, 1))
+                            )
+                            c = cute.make_tensor(acc[None, i, b].iterator, cute.make_layout((4, 1, 1)))
+                            cute.gemm(mma, c, a_frag, b_frag, c)
+
+        # Accumulator value v of (tile i, token block b) is expert 16i + g + 8 * (v // 2),
+        # token 8b + 2t + v % 2. Partial sums: [warp][token][expert], then warp order.
+        smem = cutlass.utils.SmemAllocator()
+        partials = smem.allocate_tensor(
+            Float32, cute.make_layout((outputs, warps), stride=(1, outputs)), 16
+        )
+        cta_sums = smem.allocate_tensor(Float32, cute.make_layout(outputs), 16)
+        for i in cutlass.range_constexpr(tiles):
+            for b in cutlass.range_constexpr(token_blocks):
+                for v in cutlass.range_constexpr(4):
+                    token = TILE_T * b + 2 * t + v % 2
+                    expert = TILE_E * i + g + 8 * (v // 2)
+                    partials[token * experts + expert, warp] = acc[v, i, b]
+        cute.arch.sync_threads()
+        for p in cutlass.range_constexpr((outputs + threads - 1) // threads):
+            idx = p * threads + tidx
+            if idx < outputs:
+                total = Float32(0.0)
+                for wi in cutlass.range_constexpr(warps):
+                    total = total + partials[idx, wi]
+                if const_expr(cluster_k == 1):
+                    self._store(out, idx, total, expert_first, m_count, n_count)
+                else:
+                    cta_sums[idx] = total
+
+        if const_expr(cluster_k > 1):
+            # Every CTA's sums are visible cluster-wide after this barrier (release/acquire).
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            # CTA `rank` finishes its share of the outputs, adding the ranks in order.
+            share = (outputs + cluster_k - 1) // cluster_k
+            for p in cutlass.range_constexpr((share + threads - 1) // threads):
+                idx = rank * share + p * threads + tidx
+                if p * threads + tidx < share and idx < outputs:
+                    total = Float32(0.0)
+                    for peer in cutlass.range_constexpr(cluster_k):
+                        remote = cute.arch.map_dsmem_ptr(cta_sums.iterator + idx, Int32(peer))
+                        total = total + remote[0]
+                    self._store(out, idx, total, expert_first, m_count, n_count)
+            # No CTA may exit while a peer still reads its shared memory.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    @cute.jit
+    def _store(self, out, idx, total, expert_first, m_count, n_count):
+        token = idx // self.experts
+        expert = expert_first + idx - token * self.experts
+        if token < m_count and expert < n_count:
+            out[token, expert] = total.to(out.element_type)
