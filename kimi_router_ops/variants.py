@@ -74,24 +74,37 @@ VARIANTS = (
     Variant("m1", 1, 1, 1, INT32_MAX, Dotprod(1, 8), prefetch=False, pdl=True, automatic=False),
     Variant("m1_nopdl", 1, 1, 1, INT32_MAX, Dotprod(1, 8), prefetch=False, pdl=False, automatic=False),
     Variant("m1_prefetch_r4", 1, 1, 1, INT32_MAX, Dotprod(4, 8), prefetch=True, pdl=True, automatic=False),
-    Variant("m1_prefetch_t64", 1, 1, 1, INT32_MAX, Dotprod(1, 16, threads=64), prefetch=True, pdl=True, automatic=False),
     Variant("m1_prefetch_r2_t256", 1, 1, 1, INT32_MAX, Dotprod(2, 4, threads=256), prefetch=True, pdl=True, automatic=False),
+    Variant("m1_prefetch_r4_t256", 1, 1, 1, INT32_MAX, Dotprod(4, 4, threads=256), prefetch=True, pdl=True, automatic=False),
+    Variant("m1_prefetch_r1_t256", 1, 1, 1, INT32_MAX, Dotprod(1, 4, threads=256), prefetch=True, pdl=True, automatic=False),
+    Variant("m1_prefetch_r2_t512", 1, 1, 1, INT32_MAX, Dotprod(2, 2, threads=512), prefetch=True, pdl=True, automatic=False),
     Variant("m2", 2, 2, 1, INT32_MAX, Dotprod(2, 4), prefetch=False, pdl=True, automatic=True),
+    Variant("m2_prefetch_r2_t256", 2, 2, 1, INT32_MAX, Dotprod(2, 4, threads=256), prefetch=True, pdl=True, automatic=False),
     Variant("m4", 3, 4, 1, INT32_MAX, Dotprod(2, 4), prefetch=False, pdl=True, automatic=True),
+    Variant("m4_prefetch_r2_t256", 3, 4, 1, INT32_MAX, Dotprod(2, 4, threads=256), prefetch=True, pdl=True, automatic=False),
     Variant("m8", 5, 8, 1, INT32_MAX, Dotprod(4, 2), prefetch=False, pdl=True, automatic=False),
     Variant("m16", 9, 16, 1, INT32_MAX, Dotprod(4, 1), prefetch=False, pdl=True, automatic=False),
 ) + tuple(
-    _mma(max_m, tiles, cluster_k, warps, unroll)
-    for max_m in (8, 16)
-    for tiles in (1, 2)
-    for cluster_k in (1, 2, 4, 8)
-    for warps in (4, 8)
-    for unroll in (2, 4)
-) + tuple(
-    _mma(max_m, 1, cluster_k, warps, 4, prefetch=False)
-    for max_m in (8, 16)
-    for cluster_k in (1, 2, 4, 8)
-    for warps in (4, 8)
+    _mma(max_m, tiles, cluster_k, warps, unroll, prefetch)
+    for max_m, tiles, cluster_k, warps, unroll, prefetch in (
+        (8, 2, 8, 8, 4, True),
+        (8, 2, 8, 8, 4, False),
+        (8, 2, 8, 16, 2, True),
+        (8, 1, 8, 16, 2, True),
+        (8, 4, 8, 16, 2, True),
+        (8, 4, 8, 8, 2, True),
+        (8, 2, 4, 16, 4, True),
+        (8, 2, 4, 8, 4, True),
+        (8, 1, 8, 8, 4, True),
+        (16, 2, 8, 8, 2, True),
+        (16, 2, 8, 8, 4, True),
+        (16, 2, 8, 8, 4, False),
+        (16, 2, 8, 16, 2, True),
+        (16, 1, 8, 16, 2, True),
+        (16, 2, 4, 16, 4, True),
+        (16, 4, 8, 8, 2, True),
+        (16, 1, 8, 8, 4, True),
+    )
 )
 
 # Elements per load: 8 (16-byte vectors) when K, the row strides and the data pointers

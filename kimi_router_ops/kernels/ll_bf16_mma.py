@@ -12,9 +12,10 @@ k16 MMA and 4-7 to the second. A and B see the same permutation, so the product 
 Work split: a CTA owns `tiles` 16-expert tiles and one K slice; its warps split that slice
 again, and the `cluster_k` CTAs of a thread-block cluster hold the slices of one expert tile,
 so small N still fills the GPU. Each warp walks its run of chunks `unroll` chunks per step,
-issuing every load of a step before the first MMA. Partial sums meet in shared memory
-(warps, in warp order) and then over distributed shared memory (CTAs of the cluster, in
-rank order): a fixed order, no atomics, bitwise repeatable, one launch.
+issuing every load of a step before the first MMA. Partial sums meet in shared memory,
+through distributed shared memory: each warp stores its partials into the CTA that finishes
+those outputs, which adds them in (rank, warp) order after one cluster barrier: a fixed
+order, no atomics, bitwise repeatable, one launch.
 
 x costs (tokens / (16 * tiles)) of W's bytes, read through L2 once per CTA. Tokens past M
 and experts past N are clamped to the last valid row (loaded, never stored); chunks past a
@@ -63,7 +64,8 @@ class LLBf16Mma:
         self.outputs = self.experts * max_m  # partial sums per CTA
 
     def smem_bytes(self) -> int:
-        return (self.warps + 1) * self.outputs * 4
+        share = (self.outputs + self.cluster_k - 1) // self.cluster_k
+        return self.cluster_k * self.warps * share * 4
 
     @cute.jit
     def __call__(
@@ -195,48 +197,44 @@ class LLBf16Mma:
                             c = cute.make_tensor(acc[None, i, b].iterator, cute.make_layout((4, 1, 1)))
                             cute.gemm(mma, c, a_frag, b_frag, c)
 
-        # Accumulator value v of (tile i, token block b) is expert 16i + g + 8 * (v // 2),
-        # token 8b + 2t + v % 2. Partial sums: [warp][token][expert], then warp order.
+        # Reduction: CTA `rank` of the cluster finishes outputs [rank * share, (rank + 1) *
+        # share). Every warp of every CTA stores its partial sums straight into the slot
+        # (rank, warp) of the finishing CTA's mailbox; after one barrier each CTA adds its
+        # slots in slot order (a fixed order) and writes out. No one reads remote memory, so
+        # no second barrier is needed before exit.
+        share = (outputs + cluster_k - 1) // cluster_k
+        slots = cluster_k * warps
         smem = cutlass.utils.SmemAllocator()
-        partials = smem.allocate_tensor(
-            Float32, cute.make_layout((outputs, warps), stride=(1, outputs)), 16
+        mailbox = smem.allocate_tensor(
+            Float32, cute.make_layout((share, slots), stride=(1, share)), 16
         )
-        cta_sums = smem.allocate_tensor(Float32, cute.make_layout(outputs), 16)
+        my_slot = rank * warps + warp
+        # Accumulator value v of (tile i, token block b) is expert 16i + g + 8 * (v // 2),
+        # token 8b + 2t + v % 2; output index = token * experts + expert.
         for i in cutlass.range_constexpr(tiles):
             for b in cutlass.range_constexpr(token_blocks):
                 for v in cutlass.range_constexpr(4):
-                    token = TILE_T * b + 2 * t + v % 2
-                    expert = TILE_E * i + g + 8 * (v // 2)
-                    partials[token * experts + expert, warp] = acc[v, i, b]
-        cute.arch.sync_threads()
-        for p in cutlass.range_constexpr((outputs + threads - 1) // threads):
-            idx = p * threads + tidx
-            if idx < outputs:
+                    idx = (TILE_T * b + 2 * t + v % 2) * experts + TILE_E * i + g + 8 * (v // 2)
+                    owner = idx // share
+                    slot = mailbox.iterator + (my_slot * share + idx - owner * share)
+                    if const_expr(cluster_k == 1):
+                        slot[0] = acc[v, i, b]
+                    else:
+                        cute.arch.map_dsmem_ptr(slot, owner)[0] = acc[v, i, b]
+        if const_expr(cluster_k == 1):
+            cute.arch.sync_threads()
+        else:
+            # Release our stores into the peers' mailboxes, acquire theirs into ours.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+        for p in cutlass.range_constexpr((share + threads - 1) // threads):
+            pos = p * threads + tidx
+            idx = rank * share + pos
+            if pos < share and idx < outputs:
                 total = Float32(0.0)
-                for wi in cutlass.range_constexpr(warps):
-                    total = total + partials[idx, wi]
-                if const_expr(cluster_k == 1):
-                    self._store(out, idx, total, expert_first, m_count, n_count)
-                else:
-                    cta_sums[idx] = total
-
-        if const_expr(cluster_k > 1):
-            # Every CTA's sums are visible cluster-wide after this barrier (release/acquire).
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
-            # CTA `rank` finishes its share of the outputs, adding the ranks in order.
-            share = (outputs + cluster_k - 1) // cluster_k
-            for p in cutlass.range_constexpr((share + threads - 1) // threads):
-                idx = rank * share + p * threads + tidx
-                if p * threads + tidx < share and idx < outputs:
-                    total = Float32(0.0)
-                    for peer in cutlass.range_constexpr(cluster_k):
-                        remote = cute.arch.map_dsmem_ptr(cta_sums.iterator + idx, Int32(peer))
-                        total = total + remote[0]
-                    self._store(out, idx, total, expert_first, m_count, n_count)
-            # No CTA may exit while a peer still reads its shared memory.
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
+                for s_ in cutlass.range_constexpr(slots):
+                    total = total + mailbox[pos, s_]
+                self._store(out, idx, total, expert_first, m_count, n_count)
 
     @cute.jit
     def _store(self, out, idx, total, expert_first, m_count, n_count):

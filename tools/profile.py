@@ -1,0 +1,38 @@
+"""One call of each named kernel variant, for Nsight Compute.
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
+        python3 tools/profile.py kimi-k3:8:mma8_t2c8w8u4 deepseek-v3:1:m1_prefetch_r2_t256
+
+Each case is shape:M:variant (a row of variants.VARIANTS, or cublas). Every case runs once
+outside the profiled region (module load, allocator), then once inside it; ncu's default
+cache control flushes L2 before each profiled kernel, so the weights come from HBM.
+"""
+
+import sys
+
+import torch
+
+import kimi_router_ops
+from kimi_router_ops.bench import SHAPES
+
+
+def main(cases):
+    calls = []
+    for case in cases:
+        shape, m, variant = case.split(":")
+        n, k = SHAPES[shape]
+        x = torch.randn(int(m), k, device="cuda").to(torch.bfloat16)
+        w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant)
+        calls.append((case, x, w, variant))
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for case, x, w, variant in calls:
+        kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print("profiled, in order:", " ".join(case for case, *_ in calls))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
