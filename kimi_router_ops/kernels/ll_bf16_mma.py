@@ -98,6 +98,35 @@ class LLBf16Mma:
             for i in cutlass.range_constexpr(self.tiles * 2):
                 self._load_vec(wv[w_rows[i], (None, columns[u])], w_regs[None, u, i])
 
+    @cute.jit
+    def _load_tokens(self, xv, x_regs, x_rows, columns):
+        for u in cutlass.range_constexpr(self.unroll):
+            for b in cutlass.range_constexpr(self.token_blocks):
+                self._load_vec(xv[x_rows[b], (None, columns[u])], x_regs[None, u, b])
+
+    @cute.jit
+    def _multiply(self, mma, w_regs, x_regs, a_frag, acc, padding):
+        for u in cutlass.range_constexpr(self.unroll):
+            if padding[u]:
+                # Zero both operands of a clamped chunk (either may hold inf or NaN).
+                w_regs[None, u, None].fill(0.0)
+                x_regs[None, u, None].fill(0.0)
+            for half in cutlass.range_constexpr(2):
+                e = 4 * half  # this k16 MMA takes elements e..e+3 of each loaded vector
+                for i in cutlass.range_constexpr(self.tiles):
+                    # A registers in PTX order: (row g, k 0-1), (row g+8, k 0-1),
+                    # (row g, k 2-3), (row g+8, k 2-3) of this lane's four k values.
+                    for j in cutlass.range_constexpr(2):
+                        for r in cutlass.range_constexpr(2):
+                            a_frag[4 * j + 2 * r, 0, 0] = w_regs[e + 2 * j, u, 2 * i + r]
+                            a_frag[4 * j + 2 * r + 1, 0, 0] = w_regs[e + 2 * j + 1, u, 2 * i + r]
+                    for b in cutlass.range_constexpr(self.token_blocks):
+                        b_frag = cute.make_tensor(
+                            x_regs[None, u, b].iterator + e, cute.make_layout((4, 1, 1))
+                        )
+                        c = cute.make_tensor(acc[None, i, b].iterator, cute.make_layout((4, 1, 1)))
+                        cute.gemm(mma, c, a_frag, b_frag, c)
+
     def _step_columns(self, s, chunk_first, chunk_end, t, kv_count):
         """Per chunk of step s: this lane's vector column (clamped in bounds) and whether it
         is padding (past this warp's run of chunks or past K)."""
@@ -154,48 +183,30 @@ class LLBf16Mma:
         acc.fill(0.0)
         mma = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
 
+        # Step 0 is peeled: its loads are all issued before launch_dependents, which the
+        # compiler does not move loads across, so the whole step is in flight at once
+        # (otherwise it sinks each x load next to its MMA, one L2 round trip after another).
+        columns, padding = self._step_columns(Int32(0), chunk_first, chunk_end, t, kv_count)
         if const_expr(self.prefetch):
             # W never depends on the kernel before us: request the first step's weights now,
             # so they travel from HBM while that kernel finishes writing hidden_states.
-            first_columns, _ = self._step_columns(Int32(0), chunk_first, chunk_end, t, kv_count)
-            self._load_weights(wv, w_regs, w_rows, first_columns)
+            self._load_weights(wv, w_regs, w_rows, columns)
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
+        if const_expr(not self.prefetch):
+            self._load_weights(wv, w_regs, w_rows, columns)
+        self._load_tokens(xv, x_regs, x_rows, columns)
+        if const_expr(self.pdl):
             # Safe this early: a dependent cannot read our output before its own wait returns,
             # which is after this grid has finished; meanwhile it can stream its weights.
             cute.arch.griddepcontrol_launch_dependents()
-
-        for s in cutlass.range(n_steps, unroll=1):
+        self._multiply(mma, w_regs, x_regs, a_frag, acc, padding)
+        for s in cutlass.range(1, n_steps, unroll=1):
             columns, padding = self._step_columns(s, chunk_first, chunk_end, t, kv_count)
-            if const_expr(self.prefetch):
-                if s > 0:
-                    self._load_weights(wv, w_regs, w_rows, columns)
-            else:
-                self._load_weights(wv, w_regs, w_rows, columns)
-            for u in cutlass.range_constexpr(unroll):
-                for b in cutlass.range_constexpr(token_blocks):
-                    self._load_vec(xv[x_rows[b], (None, columns[u])], x_regs[None, u, b])
-            for u in cutlass.range_constexpr(unroll):
-                if padding[u]:
-                    # Zero both operands of a clamped chunk (either may hold inf or NaN).
-                    w_regs[None, u, None].fill(0.0)
-                    x_regs[None, u, None].fill(0.0)
-                for half in cutlass.range_constexpr(2):
-                    e = 4 * half  # this k16 MMA takes elements e..e+3 of each loaded vector
-                    for i in cutlass.range_constexpr(tiles):
-                        # A registers in PTX order: (row g, k 0-1), (row g+8, k 0-1),
-                        # (row g, k 2-3), (row g+8, k 2-3) of this lane's four k values.
-                        for j in cutlass.range_constexpr(2):
-                            for r in cutlass.range_constexpr(2):
-                                a_frag[4 * j + 2 * r, 0, 0] = w_regs[e + 2 * j, u, 2 * i + r]
-                                a_frag[4 * j + 2 * r + 1, 0, 0] = w_regs[e + 2 * j + 1, u, 2 * i + r]
-                        for b in cutlass.range_constexpr(token_blocks):
-                            b_frag = cute.make_tensor(
-                                x_regs[None, u, b].iterator + e, cute.make_layout((4, 1, 1))
-                            )
-                            c = cute.make_tensor(acc[None, i, b].iterator, cute.make_layout((4, 1, 1)))
-                            cute.gemm(mma, c, a_frag, b_frag, c)
+            self._load_weights(wv, w_regs, w_rows, columns)
+            self._load_tokens(xv, x_regs, x_rows, columns)
+            self._multiply(mma, w_regs, x_regs, a_frag, acc, padding)
 
         # Reduction: CTA `rank` of the cluster finishes outputs [rank * share, (rank + 1) *
         # share). Every warp of every CTA stores its partial sums straight into the slot
