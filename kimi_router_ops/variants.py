@@ -82,18 +82,19 @@ VARIANTS = (
 ) + tuple(
     _mma(max_m, tiles, cluster_k, warps, unroll, prefetch)
     for max_m, tiles, cluster_k, warps, unroll, prefetch in (
-        (8, 2, 4, 16, 4, True),
-        (8, 2, 4, 16, 4, False),
-        (8, 2, 8, 8, 4, True),
-        (8, 2, 3, 16, 5, True),
         (8, 2, 4, 8, 8, True),
-        (16, 2, 4, 16, 4, True),
-        (16, 2, 8, 8, 2, True),
-        (16, 1, 8, 8, 4, True),
+        (8, 2, 4, 8, 8, False),
+        (8, 2, 4, 8, 7, True),
+        (8, 2, 8, 4, 8, True),
+        (8, 2, 8, 4, 7, True),
+        (8, 1, 4, 8, 7, True),
+        (8, 2, 4, 16, 4, True),
         (16, 2, 4, 8, 8, True),
+        (16, 2, 4, 8, 7, True),
+        (16, 2, 8, 4, 7, True),
+        (16, 2, 8, 4, 8, True),
         (16, 1, 4, 8, 8, True),
-        (16, 1, 4, 16, 4, True),
-        (16, 2, 8, 8, 4, True),
+        (16, 1, 4, 8, 7, True),
     )
 )
 
