@@ -51,6 +51,7 @@ def hbm_read_bandwidth() -> float:
 
 
 def empty_node_us() -> float:
+    """Per-call cost of a one-element kernel in a graph: the price of one more graph node."""
     tiny = torch.zeros(1, device="cuda")
     return graph_time_us([lambda: tiny.add_(1)] * 20)
 
@@ -99,6 +100,7 @@ def run(shapes, m_list, replays, sweep=False):
 
     bandwidth = hbm_read_bandwidth()
     node_us = empty_node_us()
+    tiny = torch.zeros(1, device="cuda")
     major, minor = torch.cuda.get_device_capability()
     results = []
     jobs = [(s, m) for s in shapes for m in m_list]
@@ -110,11 +112,17 @@ def run(shapes, m_list, replays, sweep=False):
         for impl, fn in implementations(m, sweep).items():
             try:
                 us = graph_time_us([lambda w=w: fn(x, w) for w in weights], replays=replays)
+                # Serialized: a plain (non-PDL) kernel before every call, so no call overlaps
+                # its neighbours; its own cost (one empty node) is subtracted.
+                serial_us = graph_time_us(
+                    [lambda w=w: (tiny.add_(1), fn(x, w)) for w in weights], replays=replays
+                ) - node_us
             except RuntimeError as error:  # a variant that cannot launch here (resources)
                 print(f"{shape} M={m} {impl}: {error}".splitlines()[0])
                 continue
             results.append({
                 "shape": shape, "N": n, "K": k, "M": m, "impl": impl, "us": round(us, 3),
+                "serial_us": round(serial_us, 3),
                 "floor_us": round(floor_us, 3), "x_floor": round(us / floor_us, 3),
                 "kernel": kimi_router_ops.chosen_variant(m, n, k, sm=major * 10 + minor)
                 if impl.startswith("ll_bf16_gemm") else impl,
@@ -148,7 +156,8 @@ def markdown(report) -> str:
         f"{report['gpu']}, driver {report['driver']}, torch {report['torch']} (CUDA {report['cuda']}), "
         f"commit {report['commit']}, {report['date']}",
         f"HBM read {report['hbm_read_TBps']} TB/s, empty graph node {report['empty_node_us']} us; "
-        f"median of {report['replays']} graph replays, cold L2. Cells: us per call (x floor).",
+        f"median of {report['replays']} graph replays, cold L2. Cells: us per call (x floor), calls "
+        "back to back; 'serialized': a plain kernel before each call, so calls never overlap.",
         f"Eager host overhead per call (Kimi-K3, M=1, no sync): {report['host_overhead_us']} us.",
         "",
     ]
@@ -158,15 +167,16 @@ def markdown(report) -> str:
         ms = sorted({r["M"] for r in rows})
         floor = rows[0]["floor_us"]
         lines += [f"### {shape} (N={rows[0]['N']}, K={rows[0]['K']}, floor {floor} us)", ""]
-        lines.append("| M | " + " | ".join(impls) + " | kernel |")
-        lines.append("|---" * (len(impls) + 2) + "|")
+        lines.append("| M | " + " | ".join(impls) + " | auto, serialized | kernel |")
+        lines.append("|---" * (len(impls) + 3) + "|")
         for m in ms:
             cells = []
             for impl in impls:
                 r = next((r for r in rows if r["M"] == m and r["impl"] == impl), None)
                 cells.append(f"{r['us']:.2f} ({r['x_floor']:.2f}x)" if r else "")
             kernel = next(r["kernel"] for r in rows if r["M"] == m and r["impl"].startswith("ll_bf16_gemm"))
-            lines.append(f"| {m} | " + " | ".join(cells) + f" | {kernel} |")
+            auto = next(r for r in rows if r["M"] == m and r["impl"].startswith("ll_bf16_gemm"))
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {auto['serial_us']:.2f} | {kernel} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -201,22 +211,22 @@ def sweep_markdown(report, top: int = 3) -> str:
     lines = [
         f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}; "
         f"HBM read {report['hbm_read_TBps']} TB/s; us per call, cold L2.",
-        "",
-        "| shape | M | auto (kernel) | cuBLAS fp32 | " + " | ".join(f"#{i + 1}" for i in range(top)) + " |",
-        "|---" * (4 + top) + "|",
     ]
+    header = "| shape | M | auto (kernel) | cuBLAS fp32 | " + " | ".join(f"#{i + 1}" for i in range(top)) + " |"
     cases = dict.fromkeys((r["shape"], r["M"]) for r in report["results"])
-    for shape, m in cases:
-        rows = [r for r in report["results"] if r["shape"] == shape and r["M"] == m]
-        by_impl = {r["impl"]: r for r in rows}
-        auto = by_impl["ll_bf16_gemm (auto)"]
-        forced = sorted((r for r in rows if r["impl"].startswith("forced ")), key=lambda r: r["us"])
-        best = [f"{r['us']:.2f} {r['impl'].removeprefix('forced ')}" for r in forced[:top]]
-        best += [""] * (top - len(best))
-        lines.append(
-            f"| {shape} | {m} | {auto['us']:.2f} ({auto['kernel']}) | "
-            f"{by_impl['torch.mm (fp32 out)']['us']:.2f} | " + " | ".join(best) + " |"
-        )
+    for key, title in (("us", "back-to-back calls"), ("serial_us", "serialized calls")):
+        lines += ["", f"Ranked by {title} ({key}):", "", header, "|---" * (4 + top) + "|"]
+        for shape, m in cases:
+            rows = [r for r in report["results"] if r["shape"] == shape and r["M"] == m]
+            by_impl = {r["impl"]: r for r in rows}
+            auto = by_impl["ll_bf16_gemm (auto)"]
+            forced = sorted((r for r in rows if r["impl"].startswith("forced ")), key=lambda r: r[key])
+            best = [f"{r[key]:.2f} {r['impl'].removeprefix('forced ')}" for r in forced[:top]]
+            best += [""] * (top - len(best))
+            lines.append(
+                f"| {shape} | {m} | {auto[key]:.2f} ({auto['kernel']}) | "
+                f"{by_impl['torch.mm (fp32 out)'][key]:.2f} | " + " | ".join(best) + " |"
+            )
     return "\n".join(lines) + "\n"
 
 

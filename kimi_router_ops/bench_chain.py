@@ -48,9 +48,9 @@ def rms_norm_pdl():
 
 ROUTERS = {
     "prefetch (auto)": lambda h, w: kimi_router_ops.ll_bf16_gemm(h, w),
-    "prefetch, 1 row/CTA (m1_prefetch)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1_prefetch"),
-    "no prefetch (m1)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1"),
-    "PDL off (m1_nopdl)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1_nopdl"),
+    "previous prefetch kernel (m1_prefetch)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1_prefetch"),
+    "no prefetch (m1_r4_t256)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1_r4_t256"),
+    "PDL off (m1_r4_t256_nopdl)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1_r4_t256_nopdl"),
     "cuBLAS (torch.mm fp32)": lambda h, w: torch.mm(h, w.t(), out_dtype=torch.float32),
 }
 
@@ -87,7 +87,7 @@ def markdown(report):
     ]
     for shape in dict.fromkeys(r["shape"] for r in report["results"]):
         rows = {r["impl"]: r["us"] for r in report["results"] if r["shape"] == shape}
-        change = rows["prefetch (auto)"] / rows["no prefetch (m1)"] - 1
+        change = rows["prefetch (auto)"] / rows["no prefetch (m1_r4_t256)"] - 1
         lines.append(f"| {shape} | " + " | ".join(f"{v:.2f}" for v in rows.values()) + f" | {change:+.1%} |")
     return "\n".join(lines)
 

@@ -59,43 +59,45 @@ class Variant:
     automatic: bool  # False: run only when asked for by name (benchmarks, tests)
 
 
-def _mma(max_m, tiles, cluster_k, warps, unroll, prefetch=True, n_min=1, n_max=INT32_MAX, automatic=False):
-    name = f"mma{max_m}_t{tiles}c{cluster_k}w{warps}u{unroll}" + ("" if prefetch else "_noprefetch")
-    return Variant(name, 1, max_m, n_min, n_max, Mma(tiles, cluster_k, warps, unroll),
+def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False):
+    return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll),
                    prefetch=prefetch, pdl=True, automatic=automatic)
 
 
-# Measured on an H200 (docs/benchmarks.md): two rows per CTA pay at N=896 (-7% at M=1) and
-# cost at N<=384; m8/m16 lose to cuBLAS there (x re-read from L2 per row block), so M > 4
-# goes to cuBLAS and they stay for measurement against future kernels.
+def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, automatic=False):
+    return Variant(name, m_lo, m_hi, 1, INT32_MAX, Dotprod(rows, unroll, threads),
+                   prefetch=prefetch, pdl=pdl, automatic=automatic)
+
+
+# The automatic rows, first match wins; each was the fastest compiled kernel for its M and N
+# on an H200 (docs/benchmarks.md, "Choosing the table"). Every kernel issues all the weight
+# loads of its share of K at once, and the prefetching ones do it before the PDL wait.
+# The other rows run only when named: the previous choices and the no-prefetch/no-PDL twins,
+# kept so the benchmarks can show what each choice is worth.
 VARIANTS = (
-    Variant("m1_prefetch_r2", 1, 1, 512, INT32_MAX, Dotprod(2, 8), prefetch=True, pdl=True, automatic=True),
-    Variant("m1_prefetch", 1, 1, 1, INT32_MAX, Dotprod(1, 8), prefetch=True, pdl=True, automatic=True),
-    Variant("m1", 1, 1, 1, INT32_MAX, Dotprod(1, 8), prefetch=False, pdl=True, automatic=False),
-    Variant("m1_nopdl", 1, 1, 1, INT32_MAX, Dotprod(1, 8), prefetch=False, pdl=False, automatic=False),
-    Variant("m1_prefetch_r4_t256", 1, 1, 1, INT32_MAX, Dotprod(4, 4, threads=256), prefetch=True, pdl=True, automatic=False),
-    Variant("m1_prefetch_r2_t512", 1, 1, 1, INT32_MAX, Dotprod(2, 2, threads=512), prefetch=True, pdl=True, automatic=False),
-    Variant("m2", 2, 2, 1, INT32_MAX, Dotprod(2, 4), prefetch=False, pdl=True, automatic=True),
-    Variant("m4", 3, 4, 1, INT32_MAX, Dotprod(2, 4), prefetch=False, pdl=True, automatic=True),
-    Variant("m8", 5, 8, 1, INT32_MAX, Dotprod(4, 2), prefetch=False, pdl=True, automatic=False),
-    Variant("m16", 9, 16, 1, INT32_MAX, Dotprod(4, 1), prefetch=False, pdl=True, automatic=False),
-) + tuple(
-    _mma(max_m, tiles, cluster_k, warps, unroll, prefetch)
-    for max_m, tiles, cluster_k, warps, unroll, prefetch in (
-        (8, 2, 4, 8, 8, True),
-        (8, 2, 4, 8, 8, False),
-        (8, 2, 4, 8, 7, True),
-        (8, 2, 8, 4, 8, True),
-        (8, 2, 8, 4, 7, True),
-        (8, 1, 4, 8, 7, True),
-        (8, 2, 4, 16, 4, True),
-        (16, 2, 4, 8, 8, True),
-        (16, 2, 4, 8, 7, True),
-        (16, 2, 8, 4, 7, True),
-        (16, 2, 8, 4, 8, True),
-        (16, 1, 4, 8, 8, True),
-        (16, 1, 4, 8, 7, True),
-    )
+    # M = 1: CUDA cores, 4 experts per CTA, 256 threads, 4 vectors per thread and expert.
+    _dotprod("m1_prefetch_r4_t256", 1, 1, rows=4, unroll=4, threads=256, automatic=True),
+    # M = 2..16: tensor cores, 32 experts per CTA, K split over the CTAs of a cluster and
+    # their warps so that each warp owns 7 chunks of 32 (K = 7168) and loads them at once.
+    _mma("mma8_t2c4w8u7", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, automatic=True),
+    _mma("mma16_t2c4w8u7", 9, 16, 320, 511, tiles=2, cluster_k=4, warps=8, unroll=7, automatic=True),
+    _mma("mma16_t2c8w4u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=8, warps=4, unroll=7, automatic=True),
+    # M = 2..4 when 16-byte loads are impossible (odd K, misaligned rows): the dot product
+    # with scalar loads. Larger such M go to cuBLAS.
+    _dotprod("m2", 2, 2, rows=2, unroll=4, prefetch=False, automatic=True),
+    _dotprod("m4", 3, 4, rows=2, unroll=4, prefetch=False, automatic=True),
+    # Named only.
+    _dotprod("m1_r4_t256", 1, 1, rows=4, unroll=4, threads=256, prefetch=False),
+    _dotprod("m1_r4_t256_nopdl", 1, 1, rows=4, unroll=4, threads=256, prefetch=False, pdl=False),
+    _dotprod("m1_prefetch_r2", 1, 1, rows=2, unroll=8),
+    _dotprod("m1_prefetch", 1, 1, rows=1, unroll=8),
+    _dotprod("m1_prefetch_r2_t512", 1, 1, rows=2, unroll=2, threads=512),
+    _dotprod("m8", 5, 8, rows=4, unroll=2, prefetch=False),
+    _dotprod("m16", 9, 16, rows=4, unroll=1, prefetch=False),
+    _mma("mma8_t2c4w8u7_noprefetch", 1, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
+    _mma("mma8_t2c4w8u8", 1, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=8),
+    _mma("mma8_t1c8w8u4", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
+    _mma("mma16_t1c8w8u4", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
 )
 
 # Elements per load: 8 (16-byte vectors) when K, the row strides and the data pointers

@@ -82,10 +82,16 @@ def test_property_cuda(m, n, k, x_offset, w_offset, scale, out_dtype, seed):
 def test_prefetch_is_bitwise_equal_to_no_prefetch(model, out_dtype):
     n, k = MODEL_SHAPES[model]
     x, w = random_bf16(1, k, device="cuda"), random_bf16(n, k, device="cuda")
-    prefetch = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_prefetch", out_dtype)
-    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1", out_dtype))
-    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_nopdl", out_dtype))
+    prefetch = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_prefetch_r4_t256", out_dtype)
+    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_r4_t256", out_dtype))
+    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_r4_t256_nopdl", out_dtype))
     assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm(x, w, out_dtype))
+    for m in (1, 5):  # the tensor-core twins
+        xm = random_bf16(m, k, device="cuda")
+        assert torch.equal(
+            kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, "mma8_t2c4w8u7", out_dtype),
+            kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, "mma8_t2c4w8u7_noprefetch", out_dtype),
+        )
 
 
 @pytest.mark.parametrize("m", [1, 2, 5, 16])

@@ -54,18 +54,22 @@ def test_automatic_rows_cover_1_to_their_largest_m_exactly_once(n):
     "m, n, k, sm, aligned, expected",
     [
         (0, 896, 7168, 90, True, "empty"),
-        (1, 896, 7168, 90, True, "m1_prefetch_r2:vec8"),
-        (1, 384, 7168, 90, True, "m1_prefetch:vec8"),
-        (2, 896, 7168, 90, True, "m2:vec8"),
-        (4, 256, 7168, 100, True, "m4:vec8"),
-        (5, 896, 7168, 90, True, "cublas"),  # m8 loses to cuBLAS on an H200
-        (16, 896, 7168, 90, True, "cublas"),
+        (1, 896, 7168, 90, True, "m1_prefetch_r4_t256:vec8"),
+        (1, 256, 7168, 100, True, "m1_prefetch_r4_t256:vec8"),
+        (2, 896, 7168, 90, True, "mma8_t2c4w8u7:vec8"),
+        (8, 256, 7168, 100, True, "mma8_t2c4w8u7:vec8"),
+        (9, 896, 7168, 90, True, "mma16_t2c8w4u7:vec8"),
+        (16, 384, 7168, 90, True, "mma16_t2c4w8u7:vec8"),  # Kimi-K2's N has its own row
+        (16, 256, 7168, 90, True, "mma16_t2c8w4u7:vec8"),
+        (17, 896, 7168, 90, True, "cublas"),
         (4096, 896, 7168, 90, True, "cublas"),
         (1, 896, 7168, 80, True, "cublas"),  # Ampere: no kernels
         (1, 896, 7168, 120, True, "cublas"),  # consumer Blackwell: no kernels
-        (1, 896, 7169, 90, True, "m1_prefetch_r2:vec1"),  # K % 8 != 0
-        (1, 896, 7168, 90, False, "m1_prefetch_r2:vec1"),  # misaligned pointer or stride
+        (1, 896, 7169, 90, True, "m1_prefetch_r4_t256:vec1"),  # K % 8 != 0
+        (1, 896, 7168, 90, False, "m1_prefetch_r4_t256:vec1"),  # misaligned pointer or stride
+        (2, 896, 7168, 90, False, "m2:vec1"),  # tensor cores need 16-byte loads
         (3, 1, 1, 100, True, "m4:vec1"),
+        (5, 896, 7169, 90, True, "cublas"),
     ],
 )
 def test_choice(m, n, k, sm, aligned, expected):

@@ -114,5 +114,5 @@ def test_forced_variant_names_are_checked():
     with pytest.raises(ValueError, match="unknown variant 'nope'"):
         kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "nope")
     torch.testing.assert_close(
-        kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1"), kimi_router_ops.ll_bf16_gemm(x, w)
+        kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_r4_t256"), kimi_router_ops.ll_bf16_gemm(x, w)
     )

@@ -1,7 +1,7 @@
 """One call of each named kernel variant, for Nsight Compute.
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
-        python3 tools/profile.py kimi-k3:8:mma8_t2c8w8u4 deepseek-v3:1:m1_prefetch_r2_t256
+        python3 tools/profile.py kimi-k3:8:mma8_t2c4w8u7 deepseek-v3:1:m1_prefetch_r4_t256
 
 Each case is shape:M:variant (a row of variants.VARIANTS, or cublas). Every case runs once
 outside the profiled region (module load, allocator), then once inside it; ncu's default
