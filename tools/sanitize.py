@@ -29,7 +29,9 @@ def main():
                     continue  # 16-byte loads only (tests/test_cuda.py checks the error)
                 x = torch.randn(m, k).to(torch.bfloat16)
                 w = torch.randn(n, k).to(torch.bfloat16)
-                for out_dtype in (torch.float32, torch.bfloat16):
+                # bf16 output changes only the final store: check it on a subset of shapes.
+                out_dtypes = (torch.float32, torch.bfloat16) if n in (17, 896) else (torch.float32,)
+                for out_dtype in out_dtypes:
                     out = kimi_router_ops.ll_bf16_gemm_with_variant(x.cuda(), w.cuda(), v.name, out_dtype)
                     ref = x.double() @ w.double().t()
                     err = ((out.cpu().double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
