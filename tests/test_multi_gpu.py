@@ -27,7 +27,9 @@ def test_first_call_on_cuda1_inside_graph_capture():
     x, w = random_bf16(1, 7168, device="cuda:1"), random_bf16(256, 7168, device="cuda:1")
     with torch.cuda.device(1):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # An explicit stream: torch.cuda.graph's default capture stream is created once per
+        # process on the device current at first use, and later captures on cuda:0 need it there.
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(device=1)):
             out = kimi_router_ops.ll_bf16_gemm(x, w)
         graph.replay()
         torch.cuda.synchronize()

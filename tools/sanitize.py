@@ -6,6 +6,7 @@ Inputs are made on the CPU and copied over, so the GPU work under the tool is ou
 plus copies; each result is checked against the CPU reference as well.
 """
 
+import argparse
 import sys
 
 import torch
@@ -19,11 +20,19 @@ K_LIST = (1, 7, 8, 40, 1000, 7169, 7176)
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="variants whose name starts with this")
+    parser.add_argument("--shapes", nargs="+", help="N,K pairs instead of the full list")
+    args = parser.parse_args()
+    shapes = [(n, k) for n in N_LIST for k in K_LIST] + [(896, 7168)]
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes]
     calls = 0
     worst = 0.0
     for v in variants.VARIANTS:
+        if not v.name.startswith(args.only):
+            continue
         for m in sorted({1, v.m_hi}):
-            shapes = [(n, k) for n in N_LIST for k in K_LIST] + [(896, 7168)]
             for n, k in shapes:
                 if k % 8 and 1 not in v.kernel.vecs:
                     continue  # 16-byte loads only (tests/test_cuda.py checks the error)
