@@ -183,6 +183,11 @@ class LLBf16Mma:
         acc.fill(0.0)
         mma = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
 
+        if const_expr(cluster_k > 1):
+            # A CTA may write a peer's shared memory only once the peer is running: arrive
+            # now, wait just before the first remote store (long satisfied by then).
+            cute.arch.cluster_arrive_relaxed()
+
         # Step 0 is peeled: its loads are all issued before launch_dependents, which the
         # compiler does not move loads across, so the whole step is in flight at once
         # (otherwise it sinks each x load next to its MMA, one L2 round trip after another).
@@ -220,6 +225,8 @@ class LLBf16Mma:
             Float32, cute.make_layout((share, slots), stride=(1, share)), 16
         )
         my_slot = rank * warps + warp
+        if const_expr(cluster_k > 1):
+            cute.arch.cluster_wait()
         # Accumulator value v of (tile i, token block b) is expert 16i + g + 8 * (v // 2),
         # token 8b + 2t + v % 2; output index = token * experts + expert.
         for i in cutlass.range_constexpr(tiles):
