@@ -20,34 +20,32 @@ extern "C" PyObject* PyInit__C(void) {
 
 namespace kimi {
 
-namespace {
-// "torch.float32", as Python prints a dtype (the fake kernels' messages say the same).
 std::string dtype_name(c10::ScalarType t) {
   return "torch." + std::string(c10::getDtypeNames(t).first);
 }
-}  // namespace
 
-void check_inputs(const at::Tensor& x, const at::Tensor& w, c10::ScalarType out_dtype) {
+void check_inputs(const at::Tensor& x, const at::Tensor& w, c10::ScalarType out_dtype,
+                  const char* op) {
   TORCH_CHECK_TYPE(x.scalar_type() == at::kBFloat16,
-                   "ll_bf16_gemm: hidden_states must be torch.bfloat16, got ", dtype_name(x.scalar_type()));
+                   op, ": hidden_states must be torch.bfloat16, got ", dtype_name(x.scalar_type()));
   TORCH_CHECK_TYPE(w.scalar_type() == at::kBFloat16,
-                   "ll_bf16_gemm: router_weight must be torch.bfloat16, got ", dtype_name(w.scalar_type()));
-  TORCH_CHECK_VALUE(x.dim() == 2, "ll_bf16_gemm: hidden_states must be 2-D [M, K], got shape ",
+                   op, ": router_weight must be torch.bfloat16, got ", dtype_name(w.scalar_type()));
+  TORCH_CHECK_VALUE(x.dim() == 2, op, ": hidden_states must be 2-D [M, K], got shape ",
                     x.sizes());
-  TORCH_CHECK_VALUE(w.dim() == 2, "ll_bf16_gemm: router_weight must be 2-D [N, K], got shape ",
+  TORCH_CHECK_VALUE(w.dim() == 2, op, ": router_weight must be 2-D [N, K], got shape ",
                     w.sizes());
   TORCH_CHECK_VALUE(x.size(1) == w.size(1),
-                    "ll_bf16_gemm: hidden_states [M, K] and router_weight [N, K] must have the "
+                    op, ": hidden_states [M, K] and router_weight [N, K] must have the "
                     "same K, got hidden_states ", x.sizes(), " and router_weight ", w.sizes());
-  TORCH_CHECK_VALUE(x.size(1) > 0, "ll_bf16_gemm: K must be at least 1, got hidden_states ",
+  TORCH_CHECK_VALUE(x.size(1) > 0, op, ": K must be at least 1, got hidden_states ",
                     x.sizes());
-  TORCH_CHECK_VALUE(w.size(0) > 0, "ll_bf16_gemm: router_weight must have N >= 1 rows, got ",
+  TORCH_CHECK_VALUE(w.size(0) > 0, op, ": router_weight must have N >= 1 rows, got ",
                     w.sizes());
   TORCH_CHECK(x.device() == w.device(),
-              "ll_bf16_gemm: hidden_states and router_weight must be on the same device, got ",
+              op, ": hidden_states and router_weight must be on the same device, got ",
               x.device(), " and ", w.device());
   TORCH_CHECK_VALUE(out_dtype == at::kFloat || out_dtype == at::kBFloat16,
-                    "ll_bf16_gemm: out_dtype must be torch.float32 or torch.bfloat16, got ",
+                    op, ": out_dtype must be torch.float32 or torch.bfloat16, got ",
                     dtype_name(out_dtype));
 }
 

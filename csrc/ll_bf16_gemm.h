@@ -10,8 +10,12 @@ namespace kimi {
 
 // The op's input contract; every implementation (CPU, CUDA) calls it first, and ops.py's
 // fake implementation checks the same things with the same messages.
+// "torch.float32", as Python prints a dtype (the fake kernels' messages say the same).
+std::string dtype_name(c10::ScalarType t);
+
+// `op` names the op in the messages.
 void check_inputs(const at::Tensor& hidden_states, const at::Tensor& router_weight,
-                  c10::ScalarType out_dtype);
+                  c10::ScalarType out_dtype, const char* op = "ll_bf16_gemm");
 
 // Whether the CuTe DSL kernels can run a problem at all on a GPU of compute capability sm.
 bool kernels_support(int64_t sm, int64_t N, int64_t K);

@@ -1,6 +1,7 @@
 """kimi_router_ops: the low-latency MoE router GEMM as a PyTorch op.
 
     logits = kimi_router_ops.ll_bf16_gemm(hidden_states, router_weight)  # fp32 [M, N]
+    weights, ids, logits = kimi_router_ops.ll_bf16_router(hidden_states, router_weight, bias, top_k)
 
 Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
 """
@@ -13,6 +14,7 @@ from .ops import (
     compiled_kernels,
     ll_bf16_gemm,
     ll_bf16_gemm_with_variant,
+    ll_bf16_router,
 )
 from .router_linear import RouterLinear
 
@@ -22,4 +24,5 @@ __all__ = [
     "compiled_kernels",
     "ll_bf16_gemm",
     "ll_bf16_gemm_with_variant",
+    "ll_bf16_router",
 ]

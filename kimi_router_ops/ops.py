@@ -53,44 +53,44 @@ def compiled_kernels() -> list[str]:
     return list(torch.ops.kimi.compiled_kernels.default())
 
 
-def _check_inputs(x: Tensor, w: Tensor, out_dtype: torch.dtype) -> None:
+def _check_inputs(x: Tensor, w: Tensor, out_dtype: torch.dtype, op: str = "ll_bf16_gemm") -> None:
     """csrc's check_inputs, for the fake kernels."""
     torch._check_type(
         x.dtype == torch.bfloat16,
-        lambda: f"ll_bf16_gemm: hidden_states must be torch.bfloat16, got {x.dtype}",
+        lambda: f"{op}: hidden_states must be torch.bfloat16, got {x.dtype}",
     )
     torch._check_type(
         w.dtype == torch.bfloat16,
-        lambda: f"ll_bf16_gemm: router_weight must be torch.bfloat16, got {w.dtype}",
+        lambda: f"{op}: router_weight must be torch.bfloat16, got {w.dtype}",
     )
     torch._check_value(
         x.dim() == 2,
-        lambda: f"ll_bf16_gemm: hidden_states must be 2-D [M, K], got shape {list(x.shape)}",
+        lambda: f"{op}: hidden_states must be 2-D [M, K], got shape {list(x.shape)}",
     )
     torch._check_value(
         w.dim() == 2,
-        lambda: f"ll_bf16_gemm: router_weight must be 2-D [N, K], got shape {list(w.shape)}",
+        lambda: f"{op}: router_weight must be 2-D [N, K], got shape {list(w.shape)}",
     )
     torch._check_value(
         x.shape[1] == w.shape[1],
-        lambda: "ll_bf16_gemm: hidden_states [M, K] and router_weight [N, K] must have the same "
+        lambda: f"{op}: hidden_states [M, K] and router_weight [N, K] must have the same "
         f"K, got hidden_states {list(x.shape)} and router_weight {list(w.shape)}",
     )
     torch._check_value(
-        x.shape[1] > 0, lambda: f"ll_bf16_gemm: K must be at least 1, got hidden_states {list(x.shape)}"
+        x.shape[1] > 0, lambda: f"{op}: K must be at least 1, got hidden_states {list(x.shape)}"
     )
     torch._check_value(
         w.shape[0] > 0,
-        lambda: f"ll_bf16_gemm: router_weight must have N >= 1 rows, got {list(w.shape)}",
+        lambda: f"{op}: router_weight must have N >= 1 rows, got {list(w.shape)}",
     )
     torch._check(
         x.device == w.device,
-        lambda: "ll_bf16_gemm: hidden_states and router_weight must be on the same device, "
+        lambda: f"{op}: hidden_states and router_weight must be on the same device, "
         f"got {x.device} and {w.device}",
     )
     torch._check_value(
         out_dtype in _OUT_DTYPES,
-        lambda: f"ll_bf16_gemm: out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}",
+        lambda: f"{op}: out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}",
     )
 
 
@@ -103,3 +103,83 @@ def _ll_bf16_gemm_fake(hidden_states, router_weight, out_dtype=torch.float32):
 @torch.library.register_fake("kimi::ll_bf16_gemm_with_variant")
 def _ll_bf16_gemm_with_variant_fake(hidden_states, router_weight, variant, out_dtype=torch.float32):
     return _ll_bf16_gemm_fake(hidden_states, router_weight, out_dtype)
+
+
+def ll_bf16_router(
+    hidden_states: Tensor,
+    router_weight: Tensor,
+    e_score_correction_bias: Tensor | None,
+    top_k: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The whole MoE router of DeepSeek-V3-family models (DeepseekV3TopkRouter.forward in
+    transformers 5.x): logits = hidden_states @ router_weight^T, sigmoid scores, the
+    score-correction bias for the choice only, grouped top-k, weights gathered from the
+    unbiased scores, renormalized and scaled.
+
+    Returns (topk_weights fp32 [M, top_k], topk_ids int32 [M, top_k], logits fp32 [M, N]).
+    Ids are sorted by biased score, descending; equal scores go to the lower expert id (and
+    equal group scores to the lower group). `e_score_correction_bias` is fp32 or bf16 [N],
+    or None for no correction.
+    """
+    return torch.ops.kimi.ll_bf16_router.default(
+        hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
+        renormalize, routed_scaling_factor,
+    )
+
+
+def _check_router_inputs(x, w, bias, top_k, n_group, topk_group) -> None:
+    """csrc's check_router_inputs, for the fake kernel."""
+    op = "ll_bf16_router"
+    _check_inputs(x, w, torch.float32, op)
+    n = w.shape[0]
+    torch._check_value(
+        n_group >= 1 and n % n_group == 0,
+        lambda: f"{op}: n_group must divide the number of experts, got n_group={n_group} and N={n}",
+    )
+    torch._check_value(
+        1 <= topk_group <= n_group,
+        lambda: f"{op}: topk_group must be in [1, n_group={n_group}], got {topk_group}",
+    )
+    torch._check_value(
+        n_group == 1 or n // n_group >= 2,
+        lambda: f"{op}: with n_group > 1 each group needs at least 2 experts (a group's score is "
+        f"the sum of its two best), got N={n} and n_group={n_group}",
+    )
+    kept = topk_group * (n // n_group)
+    torch._check_value(
+        1 <= top_k <= kept,
+        lambda: f"{op}: top_k must be in [1, experts in the kept groups={kept}], got {top_k}",
+    )
+    if bias is not None:
+        torch._check_type(
+            bias.dtype in (torch.float32, torch.bfloat16),
+            lambda: f"{op}: e_score_correction_bias must be torch.float32 or torch.bfloat16, "
+            f"got {bias.dtype}",
+        )
+        torch._check_value(
+            bias.dim() == 1 and bias.shape[0] == n,
+            lambda: f"{op}: e_score_correction_bias must have shape [N]=[{n}], got {list(bias.shape)}",
+        )
+        torch._check(
+            bias.device == w.device,
+            lambda: f"{op}: e_score_correction_bias must be on the device of router_weight, got "
+            f"{bias.device} and {w.device}",
+        )
+
+
+@torch.library.register_fake("kimi::ll_bf16_router")
+def _ll_bf16_router_fake(
+    hidden_states, router_weight, e_score_correction_bias, top_k, n_group=1, topk_group=1,
+    renormalize=True, routed_scaling_factor=1.0,
+):
+    _check_router_inputs(hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group)
+    m, n = hidden_states.shape[0], router_weight.shape[0]
+    return (
+        hidden_states.new_empty((m, top_k), dtype=torch.float32),
+        hidden_states.new_empty((m, top_k), dtype=torch.int32),
+        hidden_states.new_empty((m, n), dtype=torch.float32),
+    )

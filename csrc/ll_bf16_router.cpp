@@ -1,0 +1,127 @@
+// The MoE router op: logits, sigmoid scores, score-correction bias, grouped top-k and the
+// routing weights, as DeepseekV3TopkRouter.forward computes them in transformers 5.x:
+//
+//   logits  = hidden_states · router_weightᵀ                      (fp32, the GEMM op)
+//   scores  = sigmoid(logits);  choice = scores + bias
+//   groups  = n_group equal slices of the experts; a group's score is the sum of its two
+//             best choice values; the topk_group best groups are kept, the rest masked out
+//   ids     = the top_k best choice values among the kept experts, sorted by choice value,
+//             descending, ties to the lower expert id (groups likewise, to the lower group)
+//   weights = scores[ids], divided by (their sum + 1e-20) if renormalize, times
+//             routed_scaling_factor
+//
+// Every device runs the GEMM op and then the routing as ATen ops (csrc/ll_bf16_router.cpp
+// is the reference and, for now, the CUDA path too).
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "ll_bf16_gemm.h"
+
+namespace kimi {
+
+namespace {
+
+constexpr const char* kOp = "ll_bf16_router";
+
+void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
+                         const std::optional<at::Tensor>& bias, int64_t top_k, int64_t n_group,
+                         int64_t topk_group) {
+  check_inputs(x, w, at::kFloat, kOp);
+  const int64_t N = w.size(0);
+  TORCH_CHECK_VALUE(n_group >= 1 && N % n_group == 0, kOp,
+                    ": n_group must divide the number of experts, got n_group=", n_group,
+                    " and N=", N);
+  TORCH_CHECK_VALUE(topk_group >= 1 && topk_group <= n_group, kOp,
+                    ": topk_group must be in [1, n_group=", n_group, "], got ", topk_group);
+  TORCH_CHECK_VALUE(n_group == 1 || N / n_group >= 2, kOp,
+                    ": with n_group > 1 each group needs at least 2 experts (a group's score is "
+                    "the sum of its two best), got N=", N, " and n_group=", n_group);
+  const int64_t kept = topk_group * (N / n_group);
+  TORCH_CHECK_VALUE(top_k >= 1 && top_k <= kept, kOp,
+                    ": top_k must be in [1, experts in the kept groups=", kept, "], got ", top_k);
+  if (bias.has_value()) {
+    const at::Tensor& b = *bias;
+    TORCH_CHECK_TYPE(b.scalar_type() == at::kFloat || b.scalar_type() == at::kBFloat16, kOp,
+                     ": e_score_correction_bias must be torch.float32 or torch.bfloat16, got ",
+                     dtype_name(b.scalar_type()));
+    TORCH_CHECK_VALUE(b.dim() == 1 && b.size(0) == N, kOp,
+                      ": e_score_correction_bias must have shape [N]=[", N, "], got ", b.sizes());
+    TORCH_CHECK(b.device() == w.device(), kOp,
+                ": e_score_correction_bias must be on the device of router_weight, got ",
+                b.device(), " and ", w.device());
+  }
+}
+
+// Indices of the k largest values along the last dimension, largest first; equal values in
+// index order. A stable descending sort gives exactly that tie rule.
+at::Tensor top_indices(const at::Tensor& values, int64_t k) {
+  return std::get<1>(at::sort(values, /*stable=*/true, /*dim=*/-1, /*descending=*/true))
+      .narrow(-1, 0, k);
+}
+
+std::tuple<at::Tensor, at::Tensor> route(const at::Tensor& logits,
+                                         const std::optional<at::Tensor>& bias, int64_t top_k,
+                                         int64_t n_group, int64_t topk_group, bool renormalize,
+                                         double routed_scaling_factor) {
+  const int64_t M = logits.size(0), N = logits.size(1);
+  const at::Tensor scores = logits.sigmoid();
+  at::Tensor choice = bias.has_value() ? scores + bias->to(at::kFloat) : scores;
+  if (topk_group < n_group) {
+    const at::Tensor grouped = choice.view({M, n_group, N / n_group});
+    const at::Tensor group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);
+    const at::Tensor kept = at::zeros_like(group_scores, at::kBool)
+                                .scatter_(1, top_indices(group_scores, topk_group), true);
+    choice = grouped.masked_fill(kept.logical_not().unsqueeze(-1),
+                                 -std::numeric_limits<float>::infinity())
+                 .view({M, N});
+  }
+  const at::Tensor ids = top_indices(choice, top_k);
+  at::Tensor weights = scores.gather(1, ids);
+  if (renormalize) {
+    weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  }
+  return {weights * routed_scaling_factor, ids.to(at::kInt)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router(
+    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
+    double routed_scaling_factor) {
+  check_router_inputs(x, w, bias, top_k, n_group, topk_group);
+  static const auto gemm = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("kimi::ll_bf16_gemm", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::ScalarType)>();
+  at::Tensor logits;
+  {
+    // The GEMM's own autograd wrapper is not wanted here: the router has no derivative.
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    logits = gemm.call(x, w, at::kFloat);
+  }
+  auto [weights, ids] =
+      route(logits, bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor);
+  return {weights, ids, logits};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kimi, m) {
+  m.def(
+      "ll_bf16_router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
+      "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
+      "float routed_scaling_factor=1.0) -> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+}
+
+TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("ll_bf16_router", &ll_bf16_router); }
+TORCH_LIBRARY_IMPL(kimi, CUDA, m) { m.impl("ll_bf16_router", &ll_bf16_router); }
+// Routing picks discrete experts: the op has no derivative (backward raises).
+TORCH_LIBRARY_IMPL(kimi, Autograd, m) {
+  m.impl("ll_bf16_router", torch::autograd::autogradNotImplementedFallback());
+}
+
+}  // namespace kimi

@@ -1,0 +1,271 @@
+"""The router op (GEMM + routing): semantics against a float64 transformers-formula
+reference, the tie rule, opcheck, torch.compile, CUDA graphs, streams and bad input."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kimi_router_ops
+from conftest import HAS_CUDA, random_bf16, requires_kernel_gpu
+
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+# name: (N experts, top_k, n_group, topk_group, routed_scaling_factor)
+MODEL_CONFIGS = {
+    "deepseek-v3": (256, 8, 8, 4, 2.5),
+    "kimi-k2": (384, 8, 1, 1, 2.827),
+    "kimi-k3": (896, 16, 1, 1, 1.0),
+}
+NEAR = 1e-6  # two candidates closer than this at a cut may be chosen either way
+
+
+def reference_router(x, w, bias, top_k, n_group, topk_group, renormalize, scale):
+    """DeepseekV3TopkRouter.forward (transformers 5.x) in float64: weights, ids, logits, and
+    the masked choice values and group scores (for judging near-ties)."""
+    logits = x.double().cpu() @ w.double().cpu().t()
+    scores = logits.sigmoid()
+    choice = scores + (bias.double().cpu() if bias is not None else 0.0)
+    m, n = logits.shape
+    grouped = choice.view(m, n_group, n // n_group)
+    group_scores = grouped.topk(min(2, n // n_group), dim=-1)[0].sum(-1)
+    group_idx = group_scores.topk(topk_group, dim=-1)[1]
+    kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
+    masked = grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view(m, n)
+    ids = masked.topk(top_k, dim=-1)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scale, ids, logits, masked, group_scores
+
+
+def near_tie(values, k):
+    """True when the k-th and (k+1)-th largest of `values` are closer than NEAR."""
+    if k >= values.numel():
+        return False
+    top = values.topk(k + 1)[0]
+    return bool(top[k - 1] - top[k] < NEAR)
+
+
+def check_router(out, x, w, bias, top_k, n_group, topk_group, renormalize, scale):
+    weights, ids, logits = out
+    m, n = x.shape[0], w.shape[0]
+    assert weights.shape == (m, top_k) and weights.dtype == torch.float32
+    assert ids.shape == (m, top_k) and ids.dtype == torch.int32
+    assert logits.shape == (m, n) and logits.dtype == torch.float32
+    assert weights.device == ids.device == logits.device == x.device
+    ref_w, ref_ids, ref_logits, masked, group_scores = reference_router(
+        x, w, bias, top_k, n_group, topk_group, renormalize, scale
+    )
+    # Logits: the GEMM op's contract.
+    denom = ref_logits.norm().item() or 1.0
+    assert (logits.double().cpu() - ref_logits).norm().item() / denom <= 1e-5
+    ours_ids, ours_w = ids.long().cpu(), weights.double().cpu()
+    # The op's own fp32 choice values (same device, same elementwise ops).
+    choice_ours = (logits.sigmoid() + (bias.float() if bias is not None else 0.0)).cpu()
+    for t in range(m):
+        ours, theirs = set(ours_ids[t].tolist()), set(ref_ids[t].tolist())
+        assert len(ours) == top_k, "an expert chosen twice"
+        # Sorted by (our) biased score, descending; equal scores by ascending id.
+        c = choice_ours[t, ours_ids[t]]
+        for i in range(top_k - 1):
+            assert c[i] > c[i + 1] or (c[i] == c[i + 1] and ours_ids[t, i] < ours_ids[t, i + 1])
+        if ours != theirs:
+            # Only a near-tie at a cut (groups or experts) may change the set.
+            assert near_tie(group_scores[t], topk_group) or near_tie(masked[t], top_k), (t, ours, theirs)
+            continue
+        ref_by_id = dict(zip(ref_ids[t].tolist(), ref_w[t].tolist()))
+        expected = torch.tensor([ref_by_id[i] for i in ours_ids[t].tolist()], dtype=torch.float64)
+        torch.testing.assert_close(ours_w[t], expected, rtol=1e-5, atol=1e-12)
+
+
+def make_case(m, n, k, top_k, n_group, topk_group, bias_kind="fp32", device="cpu", scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = random_bf16(m, k, scale=scale, generator=g, device=device)
+    w = random_bf16(n, k, scale=k ** -0.5, generator=g, device=device)
+    bias = None
+    if bias_kind is not None:
+        bias = (torch.randn(n, generator=g) * 0.1).to(torch.float32 if bias_kind == "fp32" else torch.bfloat16)
+        bias = bias.to(device)
+    return x, w, bias
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config", list(MODEL_CONFIGS))
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_model_configs(device, config, m):
+    n, top_k, n_group, topk_group, scale = MODEL_CONFIGS[config]
+    x, w, bias = make_case(m, n, 7168, top_k, n_group, topk_group, device=device, seed=m)
+    out = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale)
+    check_router(out, x, w, bias, top_k, n_group, topk_group, True, scale)
+    # The logits are the GEMM op's, bit for bit.
+    assert torch.equal(out[2], kimi_router_ops.ll_bf16_gemm(x, w))
+
+
+@st.composite
+def router_problems(draw):
+    n_group = draw(st.sampled_from([1, 2, 4, 8]))
+    group_size = draw(st.integers(1 if n_group == 1 else 2, 24))
+    topk_group = draw(st.integers(1, n_group))
+    top_k = draw(st.integers(1, topk_group * group_size))
+    return dict(
+        m=draw(st.integers(0, 20)),
+        n=n_group * group_size,
+        k=draw(st.integers(1, 300)),
+        top_k=top_k,
+        n_group=n_group,
+        topk_group=topk_group,
+        bias_kind=draw(st.sampled_from([None, "fp32", "bf16"])),
+        scale=draw(st.floats(1e-2, 10.0)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(problem=router_problems(), renormalize=st.booleans(), factor=st.floats(0.25, 4.0))
+def test_property_cpu(problem, renormalize, factor):
+    x, w, bias = make_case(**problem)
+    args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, factor)
+    out = kimi_router_ops.ll_bf16_router(x, w, bias, *args)
+    check_router(out, x, w, bias, *args)
+
+
+def test_ties_go_to_the_lower_expert_id():
+    """Zero weights make every score sigmoid(0) = 0.5, so the bias alone decides, with
+    exact ties: equal experts go to the lower id, equal groups keep the lower group."""
+    x, w = random_bf16(3, 64), torch.zeros(8, 64, dtype=torch.bfloat16)
+    bias = torch.tensor([0.3, 0.1, 0.2, 0.0, 0.3, 0.1, 0.0, 0.0])
+    # Choice values 0.8 0.6 0.7 0.5 0.8 0.6 0.5 0.5: experts 0 and 4 tie at the top.
+    _, ids, _ = kimi_router_ops.ll_bf16_router(x, w, bias, 3)
+    assert ids.tolist() == [[0, 4, 2]] * 3
+    # Groups of 2: scores 1.4, 1.2, 1.4, 1.0; groups 0 and 2 tie, keeping one keeps group 0.
+    _, ids, _ = kimi_router_ops.ll_bf16_router(x, w, bias, 2, 4, 1)
+    assert ids.tolist() == [[0, 1]] * 3
+    _, ids, _ = kimi_router_ops.ll_bf16_router(x, w, bias, 4, 4, 2)
+    assert ids.tolist() == [[0, 4, 1, 5]] * 3
+
+
+def test_bias_steers_the_choice_but_not_the_weights():
+    x, w = random_bf16(2, 64), random_bf16(16, 64)
+    bias = torch.full((16,), -10.0)
+    bias[[3, 7]] = 10.0
+    weights, ids, logits = kimi_router_ops.ll_bf16_router(x, w, bias, 2, renormalize=False)
+    assert all(sorted(row) == [3, 7] for row in ids.tolist())
+    torch.testing.assert_close(weights, logits.sigmoid().gather(1, ids.long()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for m, n, k, top_k, n_group, topk_group in [(3, 64, 96, 6, 4, 2), (1, 256, 512, 8, 8, 4), (0, 16, 8, 2, 1, 1)]:
+        for bias_kind in (None, "fp32"):
+            x, w, bias = make_case(m, n, k, top_k, n_group, topk_group, bias_kind, device)
+            torch.library.opcheck(
+                torch.ops.kimi.ll_bf16_router.default, (x, w, bias, top_k, n_group, topk_group, True, 2.5)
+            )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_dynamic_parity(device):
+    torch._dynamo.reset()
+    n, top_k, n_group, topk_group, scale = MODEL_CONFIGS["deepseek-v3"]
+    _, w, bias = make_case(1, n, 512, top_k, n_group, topk_group, device=device)
+
+    def route(x):
+        return kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale)
+
+    compiled = torch.compile(route, fullgraph=True, dynamic=True)
+    for m in (1, 3, 8, 5):
+        x = random_bf16(m, 512, device=device)
+        for a, b in zip(compiled(x), route(x)):
+            assert torch.equal(a, b)
+
+
+def test_no_derivative():
+    x, w = random_bf16(2, 64).requires_grad_(), random_bf16(8, 64).requires_grad_()
+    weights, ids, logits = kimi_router_ops.ll_bf16_router(x, w, None, 2)
+    with pytest.raises(RuntimeError):
+        weights.sum().backward()
+
+
+def bad_router_calls(device):
+    bf = lambda *s: random_bf16(*s, device=device)  # noqa: E731
+    x, w = bf(2, 64), bf(16, 64)
+    f32 = lambda *s: torch.zeros(*s, device=device)  # noqa: E731
+    return {
+        "n_group does not divide N": ((x, w, None, 2, 3, 1), ValueError, "n_group must divide the number of experts, got n_group=3 and N=16"),
+        "n_group zero": ((x, w, None, 2, 0, 1), ValueError, "n_group must divide"),
+        "topk_group > n_group": ((x, w, None, 2, 4, 5), ValueError, r"topk_group must be in \[1, n_group=4\], got 5"),
+        "topk_group zero": ((x, w, None, 2, 4, 0), ValueError, "topk_group must be in"),
+        "groups of one": ((x, w, None, 2, 16, 4), ValueError, "each group needs at least 2 experts"),
+        "top_k > N": ((x, w, None, 17), ValueError, r"top_k must be in \[1, experts in the kept groups=16\], got 17"),
+        "top_k > kept experts": ((x, w, None, 9, 4, 2), ValueError, "experts in the kept groups=8"),
+        "top_k zero": ((x, w, None, 0), ValueError, "top_k must be in"),
+        "bias wrong length": ((x, w, f32(15), 2), ValueError, r"e_score_correction_bias must have shape \[N\]=\[16\]"),
+        "bias 2-D": ((x, w, f32(1, 16), 2), ValueError, "e_score_correction_bias must have shape"),
+        "bias float64": ((x, w, f32(16).double(), 2), TypeError, "e_score_correction_bias must be torch.float32 or torch.bfloat16, got torch.float64"),
+        "bias int32": ((x, w, f32(16).int(), 2), TypeError, "e_score_correction_bias must be"),
+        "x float32": ((x.float(), w, None, 2), TypeError, "ll_bf16_router: hidden_states must be torch.bfloat16"),
+        "K mismatch": ((x, bf(16, 63), None, 2), ValueError, "ll_bf16_router: .* must have the same K"),
+        "w 3-D": ((x, bf(1, 16, 64), None, 2), ValueError, "ll_bf16_router: router_weight must be 2-D"),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("case", list(bad_router_calls("cpu")))
+def test_bad_input(device, case):
+    args, error, message = bad_router_calls(device)[case]
+    with pytest.raises(error, match=message):
+        kimi_router_ops.ll_bf16_router(*args)
+    if device != "meta":  # the process (and the CUDA context) is still fine
+        x, w, bias = make_case(2, 16, 64, 4, 4, 2, device=device)
+        check_router(kimi_router_ops.ll_bf16_router(x, w, bias, 4, 4, 2), x, w, bias, 4, 4, 2, True, 1.0)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible)")
+def test_bias_on_another_device_is_an_error():
+    x, w = random_bf16(2, 64, device="cuda"), random_bf16(16, 64, device="cuda")
+    with pytest.raises(RuntimeError, match="e_score_correction_bias must be on the device of router_weight"):
+        kimi_router_ops.ll_bf16_router(x, w, torch.zeros(16), 2)
+
+
+@requires_kernel_gpu
+def test_cuda_graph_capture_and_replay_after_updates():
+    n, top_k, n_group, topk_group, scale = MODEL_CONFIGS["deepseek-v3"]
+    x, w, bias = make_case(4, n, 7168, top_k, n_group, topk_group, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        out = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale)
+    for seed in range(3):
+        fresh_x, fresh_w, fresh_bias = make_case(4, n, 7168, top_k, n_group, topk_group, device="cuda", seed=seed + 1)
+        x.copy_(fresh_x), w.copy_(fresh_w), bias.copy_(fresh_bias)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_router(out, x, w, bias, top_k, n_group, topk_group, True, scale)
+
+
+@requires_kernel_gpu
+def test_two_streams_route_concurrently():
+    """Calls on two streams at once each get their own, correct results."""
+    n, top_k, n_group, topk_group, scale = MODEL_CONFIGS["deepseek-v3"]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    cases = [make_case(8, n, 7168, top_k, n_group, topk_group, device="cuda", seed=s) for s in range(2)]
+    expected = [kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale) for x, w, b in cases]
+    torch.cuda.synchronize()
+    for _ in range(50):
+        outs = []
+        for stream, (x, w, b) in zip(streams, cases):
+            with torch.cuda.stream(stream):
+                outs.append(kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale))
+        torch.cuda.synchronize()
+        for out, ref in zip(outs, expected):
+            assert all(torch.equal(a, b) for a, b in zip(out, ref))
+
+
+@requires_kernel_gpu
+def test_cuda_bitwise_deterministic():
+    n, top_k, n_group, topk_group, scale = MODEL_CONFIGS["kimi-k3"]
+    x, w, bias = make_case(16, n, 7168, top_k, n_group, topk_group, device="cuda")
+    first = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale)
+    for _ in range(10):
+        again = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale)
+        assert all(torch.equal(a, b) for a, b in zip(again, first))
