@@ -1,0 +1,2 @@
+"""Adapters that route other libraries' models through the ops; each is imported on its own
+(`import kimi_router_ops.integrations.transformers`), never by `import kimi_router_ops`."""
