@@ -1,6 +1,9 @@
 """The benchmark reports render from their JSON (the timing itself needs a GPU)."""
 
-from kimi_router_ops import bench, bench_chain
+import torch
+
+import kimi_router_ops
+from kimi_router_ops import bench, bench_chain, bench_router
 
 
 def fake_report(impls, ms=(1, 64)):
@@ -39,3 +42,24 @@ def test_chain_markdown_signs_the_change():
     ]
     text = bench_chain.markdown({"gpu": "GPU", "torch": "t", "commit": "abc", "results": results})
     assert text.splitlines()[-1].endswith("| -20.0% |")
+
+
+def test_router_bench_baseline_routes_like_the_op():
+    """The benchmark's torch-ops routing computes what ll_bf16_router computes."""
+    for config, (n, top_k, n_group, topk_group, scale) in bench_router.CONFIGS.items():
+        x = torch.randn(4, 512).to(torch.bfloat16)
+        w = (torch.randn(n, 512) * 512 ** -0.5).to(torch.bfloat16)
+        bias = torch.randn(n) * 0.05
+        weights, ids, logits = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale)
+        ref_weights, ref_ids = bench_router.torch_routing(logits, bias, top_k, n_group, topk_group, scale)
+        for t in range(4):
+            assert set(ids[t].tolist()) == set(ref_ids[t].tolist()), config
+        torch.testing.assert_close(weights.sort(-1).values, ref_weights.sort(-1).values)
+
+
+def test_router_markdown_has_the_extra_cost_column():
+    results = [{"config": "kimi-k2", "M": 1, "impl": impl, "us": us, "serial_us": us + 1}
+               for impl, us in (("ll_bf16_router", 3.0), ("ll_bf16_gemm alone", 2.25),
+                                ("gemm + torch routing, eager", 40.0), ("gemm + torch routing, compiled", 12.0))]
+    text = bench_router.markdown({"gpu": "GPU", "torch": "t", "commit": "abc", "date": "now", "results": results})
+    assert text.splitlines()[-1] == "| kimi-k2 | 1 | 3.00 (4.00) | 2.25 (3.25) | 40.00 (41.00) | 12.00 (13.00) | +0.75 |"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine without nvidia-cutlass-dsl: build _C from ahead-of-time objects made
 # elsewhere (KIMI_ROUTER_OPS_AOT_DIR, default build/aot), then run the given steps.
-#   tools/device_run.sh [test] [main] [bench] [bench-quick]
+#   tools/device_run.sh [test] [main] [example] [bench] [bench-quick] [bench-decode] [chain]
+#                       [router] [example-tf] [sanitize]
 # Logs and results go to $OUT (or ./device-out).
 set -uo pipefail
 out=${OUT:-device-out}
@@ -26,6 +27,8 @@ for step in "$@"; do
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
     chain) python3 -m kimi_router_ops.bench_chain --out "$out" 2>&1 | tail -20 || status=1 ;;
+    router) python3 -m kimi_router_ops.bench_router --out "$out" 2>&1 | tail -20 || status=1 ;;
+    example-tf) python3 examples/transformers_deepseek.py 2>&1 | tee "$out/example-tf.log" || status=1 ;;
     bench-decode) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 3 4 6 8 2>&1 | tail -60 || status=1 ;;
     sanitize)  # the four tools at once: each is bound by its own CPU-side instrumentation
       for tool in memcheck racecheck synccheck initcheck; do

@@ -1,0 +1,118 @@
+"""python -m kimi_router_ops.bench_router: the whole router (GEMM + routing) at decode.
+
+For the real router configurations and M = 1..16 this times, the same way as the GEMM
+benchmark (one CUDA graph of one call per weight copy, cold L2, median per call; back to
+back and serialized): `ll_bf16_router`; `ll_bf16_gemm` alone; `ll_bf16_gemm` followed by
+the routing as torch ops (the transformers formula), eagerly and under `torch.compile`.
+Writes <out>/router.json and <out>/router.md.
+"""
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+
+import kimi_router_ops
+from kimi_router_ops.bench import empty_node_us, git_commit
+from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
+
+K = 7168
+# name: (N experts, top_k, n_group, topk_group, routed_scaling_factor)
+CONFIGS = {
+    "deepseek-v3": (256, 8, 8, 4, 2.5),
+    "kimi-k2": (384, 8, 1, 1, 2.827),
+    "kimi-k3": (896, 16, 1, 1, 1.0),
+}
+
+
+def torch_routing(logits, bias, top_k, n_group, topk_group, scale):
+    """DeepseekV3TopkRouter's routing after the logits, as torch ops (fp32)."""
+    m, n = logits.shape
+    scores = logits.sigmoid()
+    choice = scores + bias
+    group_scores = choice.view(m, n_group, n // n_group).topk(min(2, n // n_group), dim=-1)[0].sum(-1)
+    group_idx = group_scores.topk(topk_group, dim=-1)[1]
+    kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
+    choice = choice.view(m, n_group, -1).masked_fill(~kept.unsqueeze(-1), float("-inf")).view(m, n)
+    ids = choice.topk(top_k, dim=-1)[1]
+    weights = scores.gather(1, ids)
+    return weights / (weights.sum(-1, keepdim=True) + 1e-20) * scale, ids
+
+
+def implementations(config):
+    n, top_k, n_group, topk_group, scale = CONFIGS[config]
+
+    def gemm_then_torch(x, w, bias):
+        return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale)
+
+    compiled = torch.compile(gemm_then_torch, fullgraph=True, dynamic=False)
+    return {
+        "ll_bf16_router": lambda x, w, b: kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale),
+        "ll_bf16_gemm alone": lambda x, w, b: kimi_router_ops.ll_bf16_gemm(x, w),
+        "gemm + torch routing, eager": gemm_then_torch,
+        "gemm + torch routing, compiled": compiled,
+    }
+
+
+def run(configs, m_list, replays):
+    from tqdm import tqdm
+
+    node_us = empty_node_us()
+    tiny = torch.zeros(1, device="cuda")  # a plain kernel before each call: no overlap
+    results = []
+    for config, m in tqdm([(c, m) for c in configs for m in m_list], desc="router", unit="case"):
+        n = CONFIGS[config][0]
+        weights = weight_copies(n, K, 3 * l2_bytes())
+        bias = (torch.randn(n, device="cuda") * 0.05).float()
+        x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
+        for impl, fn in implementations(config).items():
+            us = graph_time_us([lambda w=w: fn(x, w, bias) for w in weights], replays=replays)
+            serial = graph_time_us([lambda w=w: (tiny.add_(1), fn(x, w, bias)) for w in weights], replays=replays)
+            results.append({"config": config, "M": m, "impl": impl, "us": round(us, 3),
+                            "serial_us": round(serial - node_us, 3)})
+        del weights
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "replays": replays, "results": results,
+    }
+
+
+def markdown(report) -> str:
+    impls = list(dict.fromkeys(r["impl"] for r in report["results"]))
+    lines = [
+        f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: "
+        "us per call, cold L2; back to back (serialized in brackets)",
+        "",
+        "| config | M | " + " | ".join(impls) + " | router − GEMM |",
+        "|---" * (len(impls) + 3) + "|",
+    ]
+    for config, m in dict.fromkeys((r["config"], r["M"]) for r in report["results"]):
+        rows = {r["impl"]: r for r in report["results"] if r["config"] == config and r["M"] == m}
+        cells = [f"{rows[i]['us']:.2f} ({rows[i]['serial_us']:.2f})" for i in impls]
+        extra = rows["ll_bf16_router"]["us"] - rows["ll_bf16_gemm alone"]["us"]
+        lines.append(f"| {config} | {m} | " + " | ".join(cells) + f" | {extra:+.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = run(args.configs, args.m, max(30, args.replays))
+    (args.out / "router.json").write_text(json.dumps(report, indent=1))
+    table = markdown(report)
+    (args.out / "router.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
