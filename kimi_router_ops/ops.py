@@ -18,7 +18,8 @@ def ll_bf16_gemm(
 
     Products and sums are fp32; the result is rounded once to `out_dtype` (float32 or
     bfloat16). On Hopper and datacenter Blackwell GPUs, M <= 16 runs the CuTe DSL kernels
-    (M == 1 with weight prefetch across the PDL wait); larger M and other GPUs use cuBLAS.
+    (a dot product at M == 1, tensor cores above; both load their first weights before the
+    PDL wait); larger M and other GPUs use cuBLAS.
     """
     return torch.ops.kimi.ll_bf16_gemm.default(hidden_states, router_weight, out_dtype)
 

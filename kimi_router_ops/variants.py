@@ -1,7 +1,7 @@
 """The kernel variant table: the one place that says which kernels exist.
 
-The ahead-of-time build (aot.py) compiles every row for every vector width, output dtype
-and GPU architecture below, and writes the rows into a generated C++ header that the CUDA
+The ahead-of-time build (aot.py) compiles every row for each vector width its kernel family
+supports, each output dtype and each GPU architecture below, and writes the rows into a generated C++ header that the CUDA
 dispatch (csrc/) includes; tests read the table from here. This module imports nothing
 but the standard library, so setup.py can read it before anything is built.
 
@@ -23,7 +23,9 @@ class Dotprod:
     rows_per_cta: int
     unroll: int
     threads: int = 128
-    vecs = (8, 1)  # 16-byte loads, or scalar loads for any K and alignment
+    # Elements per load it is compiled for: 8 (16-byte vectors) where K, the row strides and
+    # the pointers allow it, else 1 (scalar loads: any K, any alignment, same kernel).
+    vecs = (8, 1)
 
     def prefetch_loads(self) -> int:
         """Global loads per thread before the PDL wait in a prefetch variant."""
@@ -100,9 +102,6 @@ VARIANTS = (
     _mma("mma16_t1c8w8u4", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
 )
 
-# Elements per load: 8 (16-byte vectors) when K, the row strides and the data pointers
-# allow it, else 1 (any K, any alignment, same kernel with scalar loads); each kernel
-# family says which of them it is compiled for.
 OUT_DTYPES = ("float32", "bfloat16")
 # (CuTe DSL target, compute capability major*10+minor it serves)
 ARCHS = (("sm_90a", 90), ("sm_100a", 100))
