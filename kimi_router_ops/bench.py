@@ -143,6 +143,13 @@ def run(shapes, m_list, replays, sweep=False):
     }
 
 
+def save_report(out: Path, stem: str, report: dict, table: str) -> None:
+    """<out>/<stem>.json (the raw report) and <out>/<stem>.md (the table), then the table."""
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{stem}.md").write_text(table)
+    print(table)
+
+
 def _driver_version() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -245,13 +252,11 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     m_list = args.m or (list(range(1, variants.MAX_M + 1)) if args.sweep else list(M_LIST))
     report = run(args.shapes, m_list, max(30, args.replays), args.sweep)
-    stem = "sweep" if args.sweep else "bench"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1))
-    table = sweep_markdown(report) if args.sweep else markdown(report)
-    (args.out / f"{stem}.md").write_text(table)
-    if not args.sweep:
+    if args.sweep:
+        save_report(args.out, "sweep", report, sweep_markdown(report))
+    else:
         plot(report, args.out / "bench.png")
-    print(table)
+        save_report(args.out, "bench", report, markdown(report))
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ RMSNorm alone.
 """
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 import kimi_router_ops
-from kimi_router_ops.bench import SHAPES, git_commit
+from kimi_router_ops.bench import SHAPES, git_commit, save_report
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
 
@@ -103,10 +102,7 @@ def main():
         "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "results": run(args.shapes, max(30, args.replays)),
     }
-    (args.out / "chain.json").write_text(json.dumps(report, indent=1))
-    table = markdown(report)
-    (args.out / "chain.md").write_text(table)
-    print(table)
+    save_report(args.out, "chain", report, markdown(report))
 
 
 if __name__ == "__main__":

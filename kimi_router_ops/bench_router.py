@@ -9,13 +9,12 @@ Writes <out>/router.json and <out>/router.md.
 
 import argparse
 import datetime
-import json
 from pathlib import Path
 
 import torch
 
 import kimi_router_ops
-from kimi_router_ops.bench import empty_node_us, git_commit
+from kimi_router_ops.bench import empty_node_us, git_commit, save_report
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
 K = 7168
@@ -108,10 +107,7 @@ def main():
         raise SystemExit("the benchmark needs a CUDA GPU")
     args.out.mkdir(parents=True, exist_ok=True)
     report = run(args.configs, args.m, max(30, args.replays))
-    (args.out / "router.json").write_text(json.dumps(report, indent=1))
-    table = markdown(report)
-    (args.out / "router.md").write_text(table)
-    print(table)
+    save_report(args.out, "router", report, markdown(report))
 
 
 if __name__ == "__main__":
