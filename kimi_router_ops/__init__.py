@@ -12,9 +12,11 @@ from . import _C, ops  # noqa: F401  (_C registers the ops)
 from .ops import (
     chosen_variant,
     compiled_kernels,
+    fused_add_rms_norm,
     ll_bf16_gemm,
     ll_bf16_gemm_with_variant,
     ll_bf16_router,
+    rms_norm,
 )
 from .router_linear import RouterLinear
 
@@ -22,7 +24,9 @@ __all__ = [
     "RouterLinear",
     "chosen_variant",
     "compiled_kernels",
+    "fused_add_rms_norm",
     "ll_bf16_gemm",
     "ll_bf16_gemm_with_variant",
     "ll_bf16_router",
+    "rms_norm",
 ]

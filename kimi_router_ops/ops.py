@@ -1,9 +1,11 @@
 """Python surface of torch.ops.kimi: typed wrappers and the fake (meta) kernels.
 
-The schema and autograd live in csrc/ll_bf16_gemm.cpp; the fake kernels here check the same input
-contract as csrc's check_inputs (same exception types, same messages), so torch.compile
-reports a bad call as eager mode would, without touching data.
+Each op's schema lives in its csrc/<op>.cpp; the fake kernels here check the same input
+contract as the C++ checks (same exception types, same messages), so torch.compile reports
+a bad call as eager mode would, without touching data.
 """
+
+import math
 
 import torch
 from torch import Tensor
@@ -184,3 +186,64 @@ def _ll_bf16_router_fake(
         hidden_states.new_empty((m, top_k), dtype=torch.int32),
         hidden_states.new_empty((m, n), dtype=torch.float32),
     )
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """bf16 ((x * rsqrt(mean(x^2) + eps)) * weight), fp32 math, one rounding; x bf16 [M, K],
+    weight bf16 [K]. The producer of a router's hidden_states."""
+    return torch.ops.kimi.rms_norm.default(x, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    """(rms_norm(s, weight, eps), s) with s = bf16(x + residual): the residual add and the
+    norm in front of an MoE layer. Functional: neither input is written."""
+    return torch.ops.kimi.fused_add_rms_norm.default(x, residual, weight, eps)
+
+
+def _check_norm_inputs(op: str, x: Tensor, weight: Tensor, eps: float) -> None:
+    """csrc's check_norm_inputs, for the fake kernels."""
+    torch._check_type(x.dtype == torch.bfloat16, lambda: f"{op}: x must be torch.bfloat16, got {x.dtype}")
+    torch._check_type(
+        weight.dtype == torch.bfloat16, lambda: f"{op}: weight must be torch.bfloat16, got {weight.dtype}"
+    )
+    torch._check_value(x.dim() == 2, lambda: f"{op}: x must be 2-D [M, K], got shape {list(x.shape)}")
+    torch._check_value(x.shape[1] >= 1, lambda: f"{op}: K must be at least 1, got x {list(x.shape)}")
+    torch._check_value(
+        weight.dim() == 1 and weight.shape[0] == x.shape[1],
+        lambda: f"{op}: weight must have shape [K]=[{x.shape[1]}], got {list(weight.shape)}",
+    )
+    torch._check(
+        weight.device == x.device,
+        lambda: f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}",
+    )
+    torch._check_value(
+        math.isfinite(eps) and eps >= 0, lambda: f"{op}: eps must be finite and >= 0, got {eps}"
+    )
+
+
+@torch.library.register_fake("kimi::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    _check_norm_inputs("rms_norm", x, weight, eps)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("kimi::fused_add_rms_norm")
+def _fused_add_rms_norm_fake(x, residual, weight, eps):
+    op = "fused_add_rms_norm"
+    _check_norm_inputs(op, x, weight, eps)
+    torch._check_type(
+        residual.dtype == torch.bfloat16,
+        lambda: f"{op}: residual must be torch.bfloat16, got {residual.dtype}",
+    )
+    torch._check_value(
+        residual.shape == x.shape,
+        lambda: f"{op}: residual must have the shape of x {list(x.shape)}, got {list(residual.shape)}",
+    )
+    torch._check(
+        residual.device == x.device,
+        lambda: f"{op}: x and residual must be on the same device, got {x.device} and {residual.device}",
+    )
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    return out, torch.empty_like(out)

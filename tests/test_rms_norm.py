@@ -1,0 +1,154 @@
+"""rms_norm and fused_add_rms_norm: the exact formula, F.rms_norm, opcheck, torch.compile,
+CUDA graphs and bad input."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kimi_router_ops
+from conftest import HAS_CUDA, random_bf16, requires_kernel_gpu
+
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+def formula(x, weight, eps):
+    """The documented formula, in float64 up to the one rounding to bf16."""
+    xd = x.double().cpu()
+    r = torch.rsqrt(xd.square().mean(-1, keepdim=True) + eps)
+    return (xd * r * weight.double().cpu()).to(torch.bfloat16)
+
+
+def ulps(a, b):
+    """Distance in bf16 units in the last place (same-sign finite values)."""
+    ai = a.cpu().view(torch.int16).int()
+    bi = b.cpu().view(torch.int16).int()
+    return (ai - bi).abs().max().item() if a.numel() else 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(0, 16), k=st.integers(1, 9000), scale=st.floats(1e-3, 1e3),
+       eps=st.sampled_from([1e-6, 1e-5, 0.0]), seed=st.integers(0, 2**31 - 1))
+def test_formula_and_f_rms_norm_within_one_ulp(m, k, scale, eps, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = random_bf16(m, k, scale=scale, generator=g)
+    weight = random_bf16(k, generator=g)
+    out = kimi_router_ops.rms_norm(x, weight, eps)
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+    assert ulps(out, formula(x, weight, eps)) <= 1
+    assert ulps(out, F.rms_norm(x, (k,), weight, eps)) <= 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_model_shape(device, m):
+    x, weight = random_bf16(m, 7168, device=device), random_bf16(7168, device=device)
+    out = kimi_router_ops.rms_norm(x, weight, 1e-6)
+    assert out.device == x.device
+    assert ulps(out, formula(x, weight, 1e-6)) <= 1
+    assert ulps(out, F.rms_norm(x, (7168,), weight, 1e-6)) <= 1
+    assert torch.equal(out, kimi_router_ops.rms_norm(x, weight, 1e-6))  # repeatable
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_add_is_the_rounded_sum_then_the_norm(device):
+    x, residual = random_bf16(5, 7168, device=device), random_bf16(5, 7168, device=device)
+    weight = random_bf16(7168, device=device)
+    x_before, residual_before = x.clone(), residual.clone()
+    normed, residual_out = kimi_router_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+    assert torch.equal(residual_out, (x.float() + residual.float()).to(torch.bfloat16))
+    assert torch.equal(normed, kimi_router_ops.rms_norm(residual_out, weight, 1e-6))
+    assert torch.equal(x, x_before) and torch.equal(residual, residual_before)  # functional
+
+
+def test_zero_rows_give_zeros():
+    weight = random_bf16(64)
+    out = kimi_router_ops.rms_norm(torch.zeros(2, 64, dtype=torch.bfloat16), weight, 1e-6)
+    assert torch.equal(out, torch.zeros(2, 64, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    for m, k in [(1, 7168), (3, 100), (0, 8), (16, 1)]:
+        x, residual, weight = (random_bf16(m, k, device=device), random_bf16(m, k, device=device),
+                               random_bf16(k, device=device))
+        torch.library.opcheck(torch.ops.kimi.rms_norm.default, (x, weight, 1e-6))
+        torch.library.opcheck(torch.ops.kimi.fused_add_rms_norm.default, (x, residual, weight, 1e-5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_dynamic_parity(device):
+    torch._dynamo.reset()
+    weight = random_bf16(512, device=device)
+
+    def block(x, residual):
+        normed, residual = kimi_router_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+        return kimi_router_ops.rms_norm(normed, weight, 1e-6), residual
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=True)
+    for m in (1, 3, 16, 2):
+        x, residual = random_bf16(m, 512, device=device), random_bf16(m, 512, device=device)
+        for a, b in zip(compiled(x, residual), block(x, residual)):
+            assert torch.equal(a, b)
+
+
+def test_no_derivative():
+    x = random_bf16(2, 64).requires_grad_()
+    out = kimi_router_ops.rms_norm(x, random_bf16(64), 1e-6)
+    with pytest.raises(RuntimeError):
+        out.float().sum().backward()
+
+
+def bad_norm_calls(device):
+    bf = lambda *s: random_bf16(*s, device=device)  # noqa: E731
+    x, w = bf(2, 64), bf(64)
+    return {
+        "x float32": ("rms_norm", (x.float(), w, 1e-6), TypeError, "rms_norm: x must be torch.bfloat16, got torch.float32"),
+        "weight float32": ("rms_norm", (x, w.float(), 1e-6), TypeError, "weight must be torch.bfloat16"),
+        "x 1-D": ("rms_norm", (bf(64), w, 1e-6), ValueError, r"x must be 2-D \[M, K\]"),
+        "x 3-D": ("rms_norm", (bf(1, 2, 64), w, 1e-6), ValueError, "x must be 2-D"),
+        "K zero": ("rms_norm", (bf(2, 0), bf(0), 1e-6), ValueError, "K must be at least 1"),
+        "weight wrong length": ("rms_norm", (x, bf(63), 1e-6), ValueError, r"weight must have shape \[K\]=\[64\]"),
+        "weight 2-D": ("rms_norm", (x, bf(1, 64), 1e-6), ValueError, "weight must have shape"),
+        "eps negative": ("rms_norm", (x, w, -1.0), ValueError, "eps must be finite and >= 0, got -1"),
+        "eps nan": ("rms_norm", (x, w, float("nan")), ValueError, "eps must be finite"),
+        "residual float32": ("fused_add_rms_norm", (x, x.float(), w, 1e-6), TypeError, "fused_add_rms_norm: residual must be torch.bfloat16"),
+        "residual shape": ("fused_add_rms_norm", (x, bf(3, 64), w, 1e-6), ValueError, "residual must have the shape of x"),
+        "fused x float16": ("fused_add_rms_norm", (x.half(), x, w, 1e-6), TypeError, "fused_add_rms_norm: x must be torch.bfloat16"),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("case", list(bad_norm_calls("cpu")))
+def test_bad_input(device, case):
+    op, args, error, message = bad_norm_calls(device)[case]
+    with pytest.raises(error, match=message):
+        getattr(kimi_router_ops, op)(*args)
+    if device != "meta":  # still usable
+        x, w = random_bf16(2, 64, device=device), random_bf16(64, device=device)
+        assert ulps(kimi_router_ops.rms_norm(x, w, 1e-6), formula(x, w, 1e-6)) <= 1
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (none visible)")
+def test_device_mix_is_an_error():
+    x = random_bf16(2, 64, device="cuda")
+    with pytest.raises(RuntimeError, match="x and weight must be on the same device"):
+        kimi_router_ops.rms_norm(x, random_bf16(64), 1e-6)
+    with pytest.raises(RuntimeError, match="x and residual must be on the same device"):
+        kimi_router_ops.fused_add_rms_norm(x, random_bf16(2, 64), random_bf16(64, device="cuda"), 1e-6)
+
+
+@requires_kernel_gpu
+def test_cuda_graph_replay_sees_updated_inputs():
+    x, residual, weight = random_bf16(4, 7168, device="cuda"), random_bf16(4, 7168, device="cuda"), random_bf16(7168, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        normed, residual_out = kimi_router_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+    for _ in range(3):
+        x.copy_(random_bf16(4, 7168, device="cuda"))
+        residual.copy_(random_bf16(4, 7168, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = kimi_router_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+        assert torch.equal(normed, expected[0]) and torch.equal(residual_out, expected[1])
