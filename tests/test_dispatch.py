@@ -155,3 +155,43 @@ def test_ptx_prefetch_loads_read_the_weight_pointer():
     bases = {dst: base for dst, base in adds}
     assert load_addrs and all(bases.get(a) == weight_base for a in load_addrs)
     assert all(bases.get(a) != x_base for a in load_addrs)
+
+
+def mma_kernels(arch="sm_90a"):
+    return [(v, vec, dt) for v, vec, dt, a, _ in variants.compiled_kernels()
+            if a == arch and isinstance(v.kernel, variants.Mma)]
+
+
+@requires_cuda_build
+def test_ptx_cluster_protocol_of_the_tensor_core_kernels():
+    """A peer's shared memory is written only after every CTA of the cluster has arrived at
+    the entry barrier, and read back only after the barrier that releases those writes."""
+    checked = 0
+    for v, vec, dt in mma_kernels():
+        ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
+        if v.kernel.cluster_k == 1:
+            assert "barrier.cluster" not in ptx and "st.shared::cluster" not in ptx
+            continue
+        events = re.findall(r"barrier\.cluster\.arrive(?:\.relaxed)?|barrier\.cluster\.wait|"
+                            r"st\.shared::cluster|ld\.shared\.", ptx)
+        first_store = events.index("st.shared::cluster")
+        assert events[:2] == ["barrier.cluster.arrive.relaxed", "barrier.cluster.wait"], events[:4]
+        assert first_store == 2
+        last_store = len(events) - 1 - events[::-1].index("st.shared::cluster")
+        assert events[last_store + 1:last_store + 3] == ["barrier.cluster.arrive", "barrier.cluster.wait"]
+        assert "ld.shared." in events[last_store + 3:]
+        assert events.count("barrier.cluster.wait") == 2
+        checked += 1
+    assert checked >= 3
+
+
+@requires_cuda_build
+def test_ptx_first_step_loads_all_issue_before_launch_dependents():
+    """Every load of the first step (weights and tokens) precedes launch_dependents, so the
+    whole step is in flight at once; the weight loads alone precede the PDL wait."""
+    for v, vec, dt in mma_kernels():
+        ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
+        head = ptx.partition("griddepcontrol.launch_dependents")[0]
+        weights = 2 * v.kernel.tiles * v.kernel.unroll
+        tokens = (v.m_hi // 8) * v.kernel.unroll
+        assert len(re.findall(r"ld\.global\.v4", head)) == weights + tokens, v.name
