@@ -143,6 +143,18 @@ def run(shapes, m_list, replays, sweep=False):
     }
 
 
+def parse_bench_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The options every benchmark takes (--replays, --out), parsed; a GPU is required."""
+    parser.add_argument("--replays", type=int, default=30, help="graph replays (at least 30)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.replays = max(30, args.replays)
+    return args
+
+
 def save_report(out: Path, stem: str, report: dict, table: str) -> None:
     """<out>/<stem>.json (the raw report) and <out>/<stem>.md (the table), then the table."""
     (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
@@ -244,14 +256,9 @@ def main():
                         f"with --sweep 1..{variants.MAX_M})")
     parser.add_argument("--sweep", action="store_true",
                         help="retuning: every compiled variant at the decode M, ranked per (shape, M)")
-    parser.add_argument("--replays", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("the benchmark needs a CUDA GPU")
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = parse_bench_args(parser)
     m_list = args.m or (list(range(1, variants.MAX_M + 1)) if args.sweep else list(M_LIST))
-    report = run(args.shapes, m_list, max(30, args.replays), args.sweep)
+    report = run(args.shapes, m_list, args.replays, args.sweep)
     if args.sweep:
         save_report(args.out, "sweep", report, sweep_markdown(report))
     else:

@@ -10,12 +10,11 @@ RMSNorm alone.
 """
 
 import argparse
-from pathlib import Path
 
 import torch
 
 import kimi_router_ops
-from kimi_router_ops.bench import SHAPES, git_commit, save_report
+from kimi_router_ops.bench import SHAPES, git_commit, parse_bench_args, save_report
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
 
@@ -94,13 +93,10 @@ def markdown(report):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--replays", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = parse_bench_args(parser)
     report = {
         "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "results": run(args.shapes, max(30, args.replays)),
+        "results": run(args.shapes, args.replays),
     }
     save_report(args.out, "chain", report, markdown(report))
 

@@ -9,12 +9,11 @@ Writes <out>/router.json and <out>/router.md.
 
 import argparse
 import datetime
-from pathlib import Path
 
 import torch
 
 import kimi_router_ops
-from kimi_router_ops.bench import empty_node_us, git_commit, save_report
+from kimi_router_ops.bench import empty_node_us, git_commit, parse_bench_args, save_report
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
 K = 7168
@@ -100,13 +99,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4, 8, 16])
-    parser.add_argument("--replays", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("the benchmark needs a CUDA GPU")
-    args.out.mkdir(parents=True, exist_ok=True)
-    report = run(args.configs, args.m, max(30, args.replays))
+    args = parse_bench_args(parser)
+    report = run(args.configs, args.m, args.replays)
     save_report(args.out, "router", report, markdown(report))
 
 
