@@ -30,4 +30,24 @@ struct CompiledKernel {
   LaunchFn launch;
 };
 
+// The fused router's arguments (kernels/ll_bf16_router.py); bias, weights, ids and counter
+// are rank-2 as well ([1, N], [M, top_k], [M, top_k], [1, 1]).
+struct RouterArgs {
+  TensorArg x, w, bias, logits, weights, ids, counter;
+  int32_t top_k, n_group, topk_group, renormalize, has_bias;
+  float scaling;
+};
+
+using RouterLaunchFn = int32_t (*)(RouterArgs* args, cudaStream_t stream);
+
+struct CompiledRouterKernel {
+  const char* symbol;
+  int router;  // index into kRouterRows
+  c10::ScalarType bias_dtype;
+  int sm;
+  ModuleFn init;
+  ModuleFn load_to_device;
+  RouterLaunchFn launch;
+};
+
 }  // namespace kimi

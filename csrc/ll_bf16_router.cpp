@@ -10,8 +10,10 @@
 //   weights = scores[ids], divided by (their sum + 1e-20) if renormalize, times
 //             routed_scaling_factor
 //
-// Every device runs the GEMM op and then the routing as ATen ops (csrc/ll_bf16_router.cpp
-// is the reference and, for now, the CUDA path too).
+// This file has the schema, the input contract, the choice of fused kernel and the
+// reference: the GEMM op, then the routing as ATen ops. The CPU runs the reference; CUDA
+// (csrc/cuda/ll_bf16_router_cuda.cpp) runs one fused kernel where a row of the router table
+// applies, and the reference otherwise.
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -21,13 +23,15 @@
 #include <optional>
 #include <tuple>
 
+#include "kimi_variant_table.h"
 #include "ll_bf16_gemm.h"
+#include "ll_bf16_router.h"
 
 namespace kimi {
 
 namespace {
-
 constexpr const char* kOp = "ll_bf16_router";
+}  // namespace
 
 void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
                          const std::optional<at::Tensor>& bias, int64_t top_k, int64_t n_group,
@@ -57,6 +61,23 @@ void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
                 b.device(), " and ", w.device());
   }
 }
+
+const RouterRow* choose_router(int64_t M, int64_t N, int64_t K, int64_t top_k, int64_t n_group,
+                               int64_t topk_group, int64_t sm, bool vec8_ok) {
+  // Group selection lives in one warp's lanes, and so do the picked ids.
+  const bool routable = top_k <= kRouterMaxTopK && (topk_group == n_group || n_group <= kRouterMaxGroups);
+  if (!routable || !vec8_ok || !kernels_support(sm, N, K)) {
+    return nullptr;
+  }
+  for (const RouterRow& row : kRouterRows) {
+    if (row.m_lo <= M && M <= row.m_hi && row.n_min <= N && N <= row.n_max) {
+      return &row;
+    }
+  }
+  return nullptr;
+}
+
+namespace {
 
 // Indices of the k largest values along the last dimension, largest first; equal values in
 // index order. A stable descending sort gives exactly that tie rule.
@@ -89,11 +110,12 @@ std::tuple<at::Tensor, at::Tensor> route(const at::Tensor& logits,
   return {weights * routed_scaling_factor, ids.to(at::kInt)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router(
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_reference(
     const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
     int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
     double routed_scaling_factor) {
-  check_router_inputs(x, w, bias, top_k, n_group, topk_group);
   static const auto gemm = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("kimi::ll_bf16_gemm", "")
                                .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::ScalarType)>();
@@ -108,6 +130,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router(
   return {weights, ids, logits};
 }
 
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cpu(
+    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
+    double routed_scaling_factor) {
+  check_router_inputs(x, w, bias, top_k, n_group, topk_group);
+  return ll_bf16_router_reference(x, w, bias, top_k, n_group, topk_group, renormalize,
+                                  routed_scaling_factor);
+}
+
+std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
+                                   int64_t n_group, int64_t topk_group, int64_t sm, bool aligned) {
+  TORCH_CHECK_VALUE(M >= 0 && N >= 1 && K >= 1,
+                    "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
+                    " N=", N, " K=", K);
+  const RouterRow* row =
+      M == 0 ? nullptr
+             : choose_router(M, N, K, top_k, n_group, topk_group, sm, aligned && K % 8 == 0);
+  return row == nullptr ? "reference" : row->name;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kimi, m) {
@@ -115,10 +159,14 @@ TORCH_LIBRARY_FRAGMENT(kimi, m) {
       "ll_bf16_router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
       "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
       "float routed_scaling_factor=1.0) -> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+  // Which kernel the CUDA op runs for a problem: a fused router row, or "reference".
+  m.def(
+      "ll_bf16_router_variant(int M, int N, int K, int top_k, int n_group=1, int topk_group=1, "
+      "int sm=90, bool aligned=True) -> str",
+      &ll_bf16_router_variant);
 }
 
-TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("ll_bf16_router", &ll_bf16_router); }
-TORCH_LIBRARY_IMPL(kimi, CUDA, m) { m.impl("ll_bf16_router", &ll_bf16_router); }
+TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("ll_bf16_router", &ll_bf16_router_cpu); }
 // Routing picks discrete experts: the op has no derivative (backward raises).
 TORCH_LIBRARY_IMPL(kimi, Autograd, m) {
   m.impl("ll_bf16_router", torch::autograd::autogradNotImplementedFallback());

@@ -15,4 +15,13 @@ struct VariantRow {
   bool automatic;  // false: run only when asked for by name
 };
 
+// One row of the fused router table (ROUTER_VARIANTS): a GEMM kernel plus routing.
+struct RouterRow {
+  const char* name;
+  int m_lo;  // chosen for m_lo <= M <= m_hi and n_min <= N <= n_max (first match)
+  int m_hi;
+  int n_min;
+  int n_max;  // also the most experts its routing handles (compiled in)
+};
+
 }  // namespace kimi

@@ -10,6 +10,7 @@ import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from . import _C, ops  # noqa: F401  (_C registers the ops)
 from .ops import (
+    chosen_router_variant,
     chosen_variant,
     compiled_kernels,
     fused_add_rms_norm,
@@ -22,6 +23,7 @@ from .router_linear import RouterLinear
 
 __all__ = [
     "RouterLinear",
+    "chosen_router_variant",
     "chosen_variant",
     "compiled_kernels",
     "fused_add_rms_norm",

@@ -2,9 +2,9 @@
 
     python kimi_router_ops/aot.py --out build/aot
 
-For each (variant, vec, out dtype, arch) this writes <out>/<arch>/<symbol>.{o,h,ptx}: the
-host launch shim and embedded cubin (.o), its C interface (.h) and the PTX (for the static
-check in tests/test_aot_ptx.py). It then writes <out>/kimi_kernels.h, the table the CUDA
+For each (variant, vec, out dtype, arch), and each (router variant, bias dtype, arch), this
+writes <out>/<arch>/<symbol>.{o,h,ptx}: the host launch shim and embedded cubin (.o), its C
+interface (.h) and the PTX (for the static checks in tests/test_dispatch.py). It then writes <out>/kimi_kernels.h, the table the CUDA
 dispatch links against, and copies the CuTe DSL static runtime next to it. Compilation runs
 on fake tensors, so no GPU is needed. setup.py runs this; a GPU machine without
 nvidia-cutlass-dsl can build the extension from a copied <out> (KIMI_ROUTER_OPS_AOT_DIR).
@@ -47,6 +47,27 @@ def fake_arguments(vec: int, out_dtype: str):
     return x, w, out
 
 
+def fake_router_arguments(bias_dtype: str):
+    """Fake x, w, bias [1, N], logits [M, N], weights and ids [M, top_k], counter [1, 1] and
+    the routing scalars: all sizes and row strides are run-time values."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    x, w, logits = fake_arguments(8, "float32")
+    m, n, top_k = cute.sym_int32(symbol="M"), w.shape[0], cute.sym_int32(symbol="TOPK")
+    bias_type = {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16}[bias_dtype]
+
+    def fake(dtype, shape):
+        return make_fake_tensor(dtype, shape, (cute.sym_int64(), 1), assumed_align=4 if dtype.width == 32 else 2)
+
+    bias = fake(bias_type, (cute.sym_int32(symbol="ONE"), n))
+    weights, ids = fake(cutlass.Float32, (m, top_k)), fake(cutlass.Int32, (m, top_k))
+    counter = fake(cutlass.Int32, (cute.sym_int32(symbol="ONE_M"), cute.sym_int32(symbol="ONE_N")))
+    scalars = [cutlass.Int32(1)] * 5 + [cutlass.Float32(1.0)]
+    return [x, w, bias, logits, weights, ids, counter, *scalars]
+
+
 def kernel_object(variant, vec):
     """The kernel class of the variant's family, with the variant's compile-time parameters."""
     from dataclasses import asdict
@@ -61,17 +82,29 @@ def kernel_object(variant, vec):
     return family(max_m=variant.m_hi, prefetch=variant.prefetch, pdl=variant.pdl, **params)
 
 
+def router_object(router):
+    from kernels.ll_bf16_router import LLBf16Router
+
+    return LLBf16Router(kernel_object(variants.variant(router.gemm), 8), n_max=router.n_max)
+
+
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:
+    symbol = variants.kernel_symbol(variant, vec, out_dtype, arch)
+    export(kernel_object(variant, vec), fake_arguments(vec, out_dtype), symbol, arch, out_dir)
+    return symbol
+
+
+def compile_router_kernel(router, bias_dtype, arch, out_dir: Path) -> str:
+    symbol = variants.router_kernel_symbol(router, bias_dtype, arch)
+    export(router_object(router), fake_router_arguments(bias_dtype), symbol, arch, out_dir)
+    return symbol
+
+
+def export(kernel, arguments, symbol, arch, out_dir: Path) -> None:
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
 
-    symbol = variants.kernel_symbol(variant, vec, out_dtype, arch)
-    compiled = cute.compile(
-        kernel_object(variant, vec),
-        *fake_arguments(vec, out_dtype),
-        cuda.CUstream(0),
-        options="--keep-ptx",
-    )
+    compiled = cute.compile(kernel, *arguments, cuda.CUstream(0), options="--keep-ptx")
     arch_dir = out_dir / arch
     arch_dir.mkdir(parents=True, exist_ok=True)
     compiled.export_to_c(str(arch_dir), symbol, symbol)
@@ -81,10 +114,9 @@ def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:
     if not ptx or ".entry" not in ptx:
         raise RuntimeError(f"no PTX for {symbol} (CUTE_DSL_DUMP_DIR must exist)")
     (arch_dir / f"{symbol}.ptx").write_text(ptx)
-    return symbol
 
 
-def kernel_table_header(kernels) -> str:
+def kernel_table_header(kernels, router_kernels) -> str:
     """C++ glue over the exported headers: one launch adapter and one table row a kernel."""
     includes, adapters, rows = [], [], []
     index = {v.name: i for i, v in enumerate(variants.VARIANTS)}
@@ -104,6 +136,27 @@ def kernel_table_header(kernels) -> str:
             f'    {{"{s}", {index[variant.name]}, {vec}, {dtype}, {sm}, '
             f"_mlir_{s}_cuda_init, _mlir_{s}_cuda_load_to_device, launch_{s}}},"
         )
+    router_index = {r.name: i for i, r in enumerate(variants.ROUTER_VARIANTS)}
+    router_rows = []
+    for router, bias_dtype, arch, sm in router_kernels:
+        s = variants.router_kernel_symbol(router, bias_dtype, arch)
+        includes.append(f'#include "{arch}/{s}.h"')
+        casts = ", ".join(
+            f"reinterpret_cast<{s}_Tensor_{t}_t*>(&a->{t})"
+            for t in ("x", "w", "bias", "logits", "weights", "ids", "counter")
+        )
+        adapters.append(
+            f"inline int32_t launch_{s}(RouterArgs* a, cudaStream_t stream) {{\n"
+            f"  static_assert(sizeof({s}_Tensor_bias_t) == sizeof(TensorArg), \"ABI mismatch\");\n"
+            f"  return cute_dsl_{s}_wrapper(nullptr, {casts},\n"
+            f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->scaling, stream);\n"
+            f"}}"
+        )
+        dtype = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}[bias_dtype]
+        router_rows.append(
+            f'    {{"{s}", {router_index[router.name]}, {dtype}, {sm}, '
+            f"_mlir_{s}_cuda_init, _mlir_{s}_cuda_load_to_device, launch_{s}}},"
+        )
     return (
         "// Generated by kimi_router_ops/aot.py. Do not edit.\n"
         "#pragma once\n"
@@ -113,6 +166,8 @@ def kernel_table_header(kernels) -> str:
         + "\n\n".join(adapters)
         + "\n\ninline constexpr CompiledKernel kCompiledKernels[] = {\n"
         + "\n".join(rows)
+        + "\n};\n\ninline constexpr CompiledRouterKernel kCompiledRouterKernels[] = {\n"
+        + "\n".join(router_rows)
         + "\n};\n\n}  // namespace kimi\n"
     )
 
@@ -134,10 +189,16 @@ def build_arch(out_dir: Path, arch: str) -> None:
     kernels = [k for k in variants.compiled_kernels() if k[3] == arch]
     shutil.rmtree(out_dir / arch, ignore_errors=True)  # no objects of since-removed variants
     Path(os.environ["CUTE_DSL_DUMP_DIR"]).mkdir(parents=True, exist_ok=True)  # PTX lands here
+    jobs = [lambda k=k: compile_kernel(*k[:4], out_dir) for k in kernels]
+    jobs += [
+        lambda r=r: compile_router_kernel(*r[:3], out_dir)
+        for r in variants.compiled_router_kernels()
+        if r[2] == arch
+    ]
     start = time.time()
-    for i, (variant, vec, out_dtype, arch, _) in enumerate(kernels, 1):
-        symbol = compile_kernel(variant, vec, out_dtype, arch, out_dir)
-        print(f"[aot {arch} {i}/{len(kernels)} {time.time() - start:5.1f}s] {symbol}", flush=True)
+    for i, job in enumerate(jobs, 1):
+        symbol = job()
+        print(f"[aot {arch} {i}/{len(jobs)} {time.time() - start:5.1f}s] {symbol}", flush=True)
 
 
 def build(out_dir: Path) -> None:
@@ -157,7 +218,9 @@ def build(out_dir: Path) -> None:
     failed = [arch for arch, child in children if child.wait() != 0]
     if failed:
         raise SystemExit(f"ahead-of-time compilation failed for {', '.join(failed)}")
-    (out_dir / "kimi_kernels.h").write_text(kernel_table_header(variants.compiled_kernels()))
+    (out_dir / "kimi_kernels.h").write_text(
+        kernel_table_header(variants.compiled_kernels(), variants.compiled_router_kernels())
+    )
     shutil.copy2(runtime_library(), out_dir / RUNTIME_LIB)
     shutil.rmtree(out_dir / "dump", ignore_errors=True)
 

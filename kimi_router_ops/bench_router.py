@@ -84,14 +84,16 @@ def markdown(report) -> str:
         f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: "
         "us per call, cold L2; back to back (serialized in brackets)",
         "",
-        "| config | M | " + " | ".join(impls) + " | router − GEMM |",
-        "|---" * (len(impls) + 3) + "|",
+        "| config | M | " + " | ".join(impls) + " | router − GEMM | compiled ÷ router |",
+        "|---" * (len(impls) + 4) + "|",
     ]
     for config, m in dict.fromkeys((r["config"], r["M"]) for r in report["results"]):
         rows = {r["impl"]: r for r in report["results"] if r["config"] == config and r["M"] == m}
         cells = [f"{rows[i]['us']:.2f} ({rows[i]['serial_us']:.2f})" for i in impls]
-        extra = rows["ll_bf16_router"]["us"] - rows["ll_bf16_gemm alone"]["us"]
-        lines.append(f"| {config} | {m} | " + " | ".join(cells) + f" | {extra:+.2f} |")
+        router = rows["ll_bf16_router"]["us"]
+        extra = router - rows["ll_bf16_gemm alone"]["us"]
+        speedup = rows["gemm + torch routing, compiled"]["us"] / router
+        lines.append(f"| {config} | {m} | " + " | ".join(cells) + f" | {extra:+.2f} | {speedup:.2f}x |")
     return "\n".join(lines) + "\n"
 
 

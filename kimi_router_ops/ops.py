@@ -134,6 +134,22 @@ def ll_bf16_router(
     )
 
 
+def chosen_router_variant(
+    M: int,
+    N: int,
+    K: int,
+    top_k: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    sm: int = 90,
+    aligned: bool = True,
+) -> str:
+    """What the CUDA router op runs for a problem on a GPU of compute capability `sm`: the
+    name of a fused router row (one launch), or "reference" (the GEMM op, then the routing
+    as torch ops)."""
+    return torch.ops.kimi.ll_bf16_router_variant.default(M, N, K, top_k, n_group, topk_group, sm, aligned)
+
+
 def _check_router_inputs(x, w, bias, top_k, n_group, topk_group) -> None:
     """csrc's check_router_inputs, for the fake kernel."""
     op = "ll_bf16_router"

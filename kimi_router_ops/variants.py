@@ -102,7 +102,35 @@ VARIANTS = (
     _mma("mma16_t1c8w8u4", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
 )
 
+
+
+@dataclass(frozen=True)
+class RouterVariant:
+    """The fused router (kernels/ll_bf16_router.py): the GEMM row `gemm`, then routing by
+    the grid's last CTA. Chosen for m_lo <= M <= m_hi and n_min <= N <= n_max (first match);
+    n_max also bounds the experts a warp routes (compiled in)."""
+
+    name: str
+    gemm: str  # a row of VARIANTS
+    m_lo: int
+    m_hi: int
+    n_min: int
+    n_max: int
+
+
+# Each fuses the GEMM row that the GEMM op picks for the same M and N.
+ROUTER_VARIANTS = (
+    RouterVariant("router_m1_prefetch_r4_t256", "m1_prefetch_r4_t256", 1, 1, 1, 1024),
+    RouterVariant("router_mma8_t2c4w8u7", "mma8_t2c4w8u7", 2, 8, 1, 1024),
+    RouterVariant("router_mma16_t2c4w8u7", "mma16_t2c4w8u7", 9, 16, 320, 511),
+    RouterVariant("router_mma16_t2c8w4u7", "mma16_t2c8w4u7", 9, 16, 1, 1024),
+)
+# The router's top_k ids are spread over the lanes of a warp, its group scores too.
+ROUTER_MAX_TOP_K = 32
+ROUTER_MAX_GROUPS = 32
+
 OUT_DTYPES = ("float32", "bfloat16")
+BIAS_DTYPES = ("float32", "bfloat16")  # e_score_correction_bias, fp32 or the model's bf16
 # (CuTe DSL target, compute capability major*10+minor it serves)
 ARCHS = (("sm_90a", 90), ("sm_100a", 100))
 MAX_M = max(v.m_hi for v in VARIANTS)  # the largest M any kernel accepts
@@ -112,6 +140,21 @@ def kernel_symbol(variant: Variant, vec: int, out_dtype: str, arch: str) -> str:
     """C symbol prefix of one compiled kernel, e.g. kimi_m1_prefetch_v8_f32_sm_90a."""
     short = {"float32": "f32", "bfloat16": "bf16"}[out_dtype]
     return f"kimi_{variant.name}_v{vec}_{short}_{arch}"
+
+
+def variant(name: str) -> Variant:
+    return next(v for v in VARIANTS if v.name == name)
+
+
+def router_kernel_symbol(router: RouterVariant, bias_dtype: str, arch: str) -> str:
+    """e.g. kimi_router_m1_prefetch_r4_t256_f32_sm_90a (f32: the bias dtype)."""
+    short = {"float32": "f32", "bfloat16": "bf16"}[bias_dtype]
+    return f"kimi_{router.name}_{short}_{arch}"
+
+
+def compiled_router_kernels():
+    """Every (router variant, bias dtype, arch, sm) the build compiles, in table order."""
+    return [(r, dt, arch, sm) for arch, sm in ARCHS for r in ROUTER_VARIANTS for dt in BIAS_DTYPES]
 
 
 def compiled_kernels():
@@ -133,6 +176,9 @@ def write_variant_table_header(path: str) -> None:
         f"{str(v.pdl).lower()}, {str(v.automatic).lower()}}},"
         for v in VARIANTS
     )
+    router_rows = "\n".join(
+        f'    {{"{r.name}", {r.m_lo}, {r.m_hi}, {r.n_min}, {r.n_max}}},' for r in ROUTER_VARIANTS
+    )
     text = (
         "// Generated from kimi_router_ops/variants.py by setup.py. Do not edit.\n"
         "#pragma once\n"
@@ -141,7 +187,12 @@ def write_variant_table_header(path: str) -> None:
         "// inline: one array for the whole program, so row pointers compare across files.\n"
         "inline constexpr VariantRow kVariantRows[] = {\n"
         f"{rows}\n"
+        "};\n\n"
+        "inline constexpr RouterRow kRouterRows[] = {\n"
+        f"{router_rows}\n"
         "};\n"
+        f"inline constexpr int kRouterMaxTopK = {ROUTER_MAX_TOP_K};\n"
+        f"inline constexpr int kRouterMaxGroups = {ROUTER_MAX_GROUPS};\n"
         "}  // namespace kimi\n"
     )
     _write_if_changed(path, text)

@@ -57,9 +57,9 @@ def test_router_bench_baseline_routes_like_the_op():
         torch.testing.assert_close(weights.sort(-1).values, ref_weights.sort(-1).values)
 
 
-def test_router_markdown_has_the_extra_cost_column():
+def test_router_markdown_has_the_extra_cost_and_speedup_columns():
     results = [{"config": "kimi-k2", "M": 1, "impl": impl, "us": us, "serial_us": us + 1}
                for impl, us in (("ll_bf16_router", 3.0), ("ll_bf16_gemm alone", 2.25),
                                 ("gemm + torch routing, eager", 40.0), ("gemm + torch routing, compiled", 12.0))]
     text = bench_router.markdown({"gpu": "GPU", "torch": "t", "commit": "abc", "date": "now", "results": results})
-    assert text.splitlines()[-1] == "| kimi-k2 | 1 | 3.00 (4.00) | 2.25 (3.25) | 40.00 (41.00) | 12.00 (13.00) | +0.75 |"
+    assert text.splitlines()[-1] == "| kimi-k2 | 1 | 3.00 (4.00) | 2.25 (3.25) | 40.00 (41.00) | 12.00 (13.00) | +0.75 | 4.00x |"

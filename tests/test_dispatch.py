@@ -83,22 +83,36 @@ def test_choice_does_not_depend_on_out_dtype():
         assert kimi_router_ops.chosen_variant(m, 384, 7168, torch.bfloat16) == kimi_router_ops.chosen_variant(m, 384, 7168)
 
 
-def expected_symbols():
+def gemm_symbols():
     return [variants.kernel_symbol(v, vec, dt, arch) for v, vec, dt, arch, _ in variants.compiled_kernels()]
+
+
+def router_symbols():
+    return [variants.router_kernel_symbol(r, dt, arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
 
 
 @requires_cuda_build
 def test_every_variant_is_linked_for_every_arch():
-    assert kimi_router_ops.compiled_kernels() == expected_symbols()
+    assert kimi_router_ops.compiled_kernels() == gemm_symbols() + router_symbols()
     archs = {arch for arch, _ in variants.ARCHS}
     assert archs == {"sm_90a", "sm_100a"}
-    assert len(expected_symbols()) == sum(len(v.kernel.vecs) for v in variants.VARIANTS) * len(variants.OUT_DTYPES) * len(archs)
+    assert len(gemm_symbols()) == sum(len(v.kernel.vecs) for v in variants.VARIANTS) * len(variants.OUT_DTYPES) * len(archs)
+    assert len(router_symbols()) == len(variants.ROUTER_VARIANTS) * len(variants.BIAS_DTYPES) * len(archs)
+
+
+def test_router_rows_fuse_existing_gemm_rows():
+    names = {v.name for v in variants.VARIANTS}
+    for r in variants.ROUTER_VARIANTS:
+        assert r.gemm in names
+        assert r.m_hi <= variants.variant(r.gemm).m_hi  # the GEMM kernel's token bucket holds M
+        assert r.n_max <= 1024  # a warp routes at most 32 experts per lane
 
 
 @requires_cuda_build
 def test_aot_objects_present():
-    for v, vec, dt, arch, _ in variants.compiled_kernels():
-        symbol = variants.kernel_symbol(v, vec, dt, arch)
+    pairs = [(variants.kernel_symbol(v, vec, dt, arch), arch) for v, vec, dt, arch, _ in variants.compiled_kernels()]
+    pairs += [(variants.router_kernel_symbol(r, dt, arch), arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
+    for symbol, arch in pairs:
         for suffix in (".o", ".h", ".ptx"):
             assert (AOT_DIR / arch / f"{symbol}{suffix}").stat().st_size > 0, f"{arch}/{symbol}{suffix}"
     assert (AOT_DIR / "kimi_kernels.h").exists()

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kimi_router_ops
+from kimi_router_ops import variants
 from conftest import HAS_CUDA, random_bf16, requires_kernel_gpu
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
@@ -66,10 +67,13 @@ def check_router(out, x, w, bias, top_k, n_group, topk_group, renormalize, scale
     for t in range(m):
         ours, theirs = set(ours_ids[t].tolist()), set(ref_ids[t].tolist())
         assert len(ours) == top_k, "an expert chosen twice"
-        # Sorted by (our) biased score, descending; equal scores by ascending id.
+        # Sorted by biased score, descending; equal scores by ascending id. (The fused kernel
+        # computes its own sigmoid, which may differ from torch's by an ulp: near-equal
+        # neighbours may come in either order.)
         c = choice_ours[t, ours_ids[t]]
         for i in range(top_k - 1):
-            assert c[i] > c[i + 1] or (c[i] == c[i + 1] and ours_ids[t, i] < ours_ids[t, i + 1])
+            assert c[i] - c[i + 1] > -NEAR
+            assert not (c[i] == c[i + 1] and ours_ids[t, i] > ours_ids[t, i + 1])
         if ours != theirs:
             # Only a near-tie at a cut (groups or experts) may change the set.
             assert near_tie(group_scores[t], topk_group) or near_tie(masked[t], top_k), (t, ours, theirs)
@@ -102,6 +106,45 @@ def test_model_configs(device, config, m):
     assert torch.equal(out[2], kimi_router_ops.ll_bf16_gemm(x, w))
 
 
+def test_fused_rows_run_the_gemm_ops_kernel():
+    """Each fused router row runs the GEMM kernel the GEMM op picks for the same M and N, so
+    the router's logits are the GEMM op's, bit for bit."""
+    for n in (8, 256, 384, 896, 1024):
+        for m in range(1, 17):
+            row = kimi_router_ops.chosen_router_variant(m, n, 7168, 8)
+            gemm = next(r.gemm for r in variants.ROUTER_VARIANTS if r.name == row)
+            assert kimi_router_ops.chosen_variant(m, n, 7168) == f"{gemm}:vec8"
+
+
+@pytest.mark.parametrize("config", list(MODEL_CONFIGS))
+def test_model_configs_are_fused_up_to_16_tokens(config):
+    n, top_k, n_group, topk_group, _ = MODEL_CONFIGS[config]
+    for m in range(1, 17):
+        for sm in (90, 100):
+            assert kimi_router_ops.chosen_router_variant(m, n, 7168, top_k, n_group, topk_group, sm).startswith("router_")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(M=17, N=256, K=7168, top_k=8),  # more tokens than any fused row
+        dict(M=4, N=1025, K=7168, top_k=8),  # more experts than a warp routes
+        dict(M=4, N=256, K=7168, top_k=33),  # more picks than lanes
+        dict(M=4, N=256, K=7168, top_k=8, n_group=64, topk_group=4),  # more groups than lanes
+        dict(M=4, N=256, K=7167, top_k=8),  # no 16-byte loads
+        dict(M=4, N=256, K=7168, top_k=8, sm=80),  # not compiled for the GPU
+        dict(M=0, N=256, K=7168, top_k=8),
+    ],
+)
+def test_router_reference_path_outside_the_fused_rows(case):
+    assert kimi_router_ops.chosen_router_variant(**case) == "reference"
+
+
+def test_router_with_all_groups_kept_has_no_group_limit():
+    """topk_group == n_group masks nothing, so any n_group is fine for the fused kernel."""
+    assert kimi_router_ops.chosen_router_variant(4, 256, 7168, 8, 64, 64) != "reference"
+
+
 @st.composite
 def router_problems(draw):
     n_group = draw(st.sampled_from([1, 2, 4, 8]))
@@ -121,6 +164,37 @@ def router_problems(draw):
     )
 
 
+@st.composite
+def fused_router_problems(draw):
+    """Problems inside the fused rows: M <= 16, N <= 1024, K % 8 == 0, up to 32 groups."""
+    n_group = draw(st.sampled_from([1, 2, 4, 8, 16, 32]))
+    group_size = draw(st.integers(1 if n_group == 1 else 2, 1024 // n_group))
+    topk_group = draw(st.integers(1, n_group))
+    return dict(
+        m=draw(st.integers(1, 16)),
+        n=n_group * group_size,
+        k=8 * draw(st.integers(1, 1000)),
+        top_k=draw(st.integers(1, min(32, topk_group * group_size))),
+        n_group=n_group,
+        topk_group=topk_group,
+        bias_kind=draw(st.sampled_from([None, "fp32", "bf16"])),
+        scale=draw(st.floats(1e-2, 10.0)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@requires_kernel_gpu
+@settings(max_examples=150, deadline=None)
+@given(problem=fused_router_problems(), renormalize=st.booleans(), factor=st.floats(0.25, 4.0))
+def test_property_cuda_fused(problem, renormalize, factor):
+    x, w, bias = make_case(**problem, device="cuda")
+    args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, factor)
+    assert kimi_router_ops.chosen_router_variant(x.shape[0], w.shape[0], x.shape[1], *args[:3]) != "reference"
+    out = kimi_router_ops.ll_bf16_router(x, w, bias, *args)
+    check_router(out, x, w, bias, *args)
+    assert torch.equal(out[2], kimi_router_ops.ll_bf16_gemm(x, w))
+
+
 @settings(max_examples=80, deadline=None)
 @given(problem=router_problems(), renormalize=st.booleans(), factor=st.floats(0.25, 4.0))
 def test_property_cpu(problem, renormalize, factor):
@@ -130,11 +204,12 @@ def test_property_cpu(problem, renormalize, factor):
     check_router(out, x, w, bias, *args)
 
 
-def test_ties_go_to_the_lower_expert_id():
+@pytest.mark.parametrize("device", DEVICES)
+def test_ties_go_to_the_lower_expert_id(device):
     """Zero weights make every score sigmoid(0) = 0.5, so the bias alone decides, with
     exact ties: equal experts go to the lower id, equal groups keep the lower group."""
-    x, w = random_bf16(3, 64), torch.zeros(8, 64, dtype=torch.bfloat16)
-    bias = torch.tensor([0.3, 0.1, 0.2, 0.0, 0.3, 0.1, 0.0, 0.0])
+    x, w = random_bf16(3, 64, device=device), torch.zeros(8, 64, dtype=torch.bfloat16, device=device)
+    bias = torch.tensor([0.3, 0.1, 0.2, 0.0, 0.3, 0.1, 0.0, 0.0], device=device)
     # Choice values 0.8 0.6 0.7 0.5 0.8 0.6 0.5 0.5: experts 0 and 4 tie at the top.
     _, ids, _ = kimi_router_ops.ll_bf16_router(x, w, bias, 3)
     assert ids.tolist() == [[0, 4, 2]] * 3
@@ -256,6 +331,31 @@ def test_two_streams_route_concurrently():
         for stream, (x, w, b) in zip(streams, cases):
             with torch.cuda.stream(stream):
                 outs.append(kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale))
+        torch.cuda.synchronize()
+        for out, ref in zip(outs, expected):
+            assert all(torch.equal(a, b) for a, b in zip(out, ref))
+
+
+@requires_kernel_gpu
+def test_two_graphs_replayed_side_by_side():
+    """Two captured router calls replayed at once on two streams, many times: each graph's
+    call has its own counter, so both stay correct."""
+    n, top_k, n_group, topk_group, scale = MODEL_CONFIGS["kimi-k2"]
+    cases = [make_case(m, n, 7168, top_k, n_group, topk_group, device="cuda", seed=m) for m in (1, 8)]
+    expected = [kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale) for x, w, b in cases]
+    capture = torch.cuda.Stream()
+    graphs, outs = [], []
+    for x, w, b in cases:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            outs.append(kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale))
+        graphs.append(graph)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    torch.cuda.synchronize()
+    for _ in range(100):
+        for stream, graph in zip(streams, graphs):
+            with torch.cuda.stream(stream):
+                graph.replay()
         torch.cuda.synchronize()
         for out, ref in zip(outs, expected):
             assert all(torch.equal(a, b) for a, b in zip(out, ref))

@@ -1,4 +1,5 @@
-"""Every kernel variant over odd shapes, for compute-sanitizer (tools/device_run.sh sanitize).
+"""Every kernel variant over odd shapes, and every fused router row, for compute-sanitizer
+(tools/device_run.sh sanitize).
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 tools/sanitize.py
 
@@ -17,6 +18,8 @@ from kimi_router_ops import variants
 N_LIST = (1, 3, 17, 895)
 # Odd K for the scalar-load kernels; multiples of 8 (chunk and split tails) for all of them.
 K_LIST = (1, 7, 8, 40, 1000, 7169, 7176)
+# Fused router: (N, K, top_k, n_group, topk_group), an odd small case and the real configs.
+ROUTER_CASES = ((17, 40, 3, 1, 1), (256, 7168, 8, 8, 4), (384, 7168, 8, 1, 1), (896, 7168, 16, 1, 1))
 
 
 def main():
@@ -42,14 +45,42 @@ def main():
                 out_dtypes = (torch.float32, torch.bfloat16) if n in (17, 896) else (torch.float32,)
                 for out_dtype in out_dtypes:
                     out = kimi_router_ops.ll_bf16_gemm_with_variant(x.cuda(), w.cuda(), v.name, out_dtype)
-                    ref = x.double() @ w.double().t()
-                    err = ((out.cpu().double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                    err = gemm_error(out, x, w)
                     worst = max(worst, err if out_dtype == torch.float32 else err / 800)
                     calls += 1
+    for r in variants.ROUTER_VARIANTS:
+        if not r.name.startswith(args.only):
+            continue
+        for m in sorted({r.m_lo, r.m_hi}):
+            for n, k, top_k, n_group, topk_group in ROUTER_CASES:
+                if not r.n_min <= n <= r.n_max:
+                    continue
+                x = torch.randn(m, k).to(torch.bfloat16)
+                w = (torch.randn(n, k) * k ** -0.5).to(torch.bfloat16)
+                for bias in (None, torch.randn(n) * 0.1, (torch.randn(n) * 0.1).to(torch.bfloat16)):
+                    route = (top_k, n_group, topk_group, True, 2.5)
+                    cuda_bias = None if bias is None else bias.cuda()
+                    assert kimi_router_ops.chosen_router_variant(m, n, k, *route[:3]) == r.name
+                    weights, ids, logits = kimi_router_ops.ll_bf16_router(x.cuda(), w.cuda(), cuda_bias, *route)
+                    ref_weights, ref_ids, _ = kimi_router_ops.ll_bf16_router(x, w, bias, *route)
+                    worst = max(worst, gemm_error(logits, x, w))
+                    # Ids may differ only at a near-tie; a wrong handoff gives garbage.
+                    same = (ids.cpu().sort(1)[0] == ref_ids.sort(1)[0]).all(1)
+                    if same.float().mean() < 0.75 or not torch.allclose(weights.cpu()[same], ref_weights[same], rtol=1e-5):
+                        print(f"{r.name} m={m} n={n}: routing differs from the CPU reference")
+                        sys.exit(1)
+                    calls += 1
     torch.cuda.synchronize()
-    print(f"{calls} kernel calls, worst fp32 relative error {worst:.2e}")
+    print(f"{calls} kernel calls, worst fp32 error {worst:.2e} (relative to sum |x w|)")
     if worst > 1e-5:
         sys.exit(1)
+
+
+def gemm_error(out, x, w):
+    """Largest |out - x wᵀ| relative to |x| |w|ᵀ: the scale of fp32 rounding, never 0/0."""
+    ref = x.double() @ w.double().t()
+    scale = x.double().abs() @ w.double().abs().t()
+    return ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
 
 
 if __name__ == "__main__":

@@ -6,9 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <iterator>
-#include <mutex>
-
+#include "kernel_support.h"
 #include "kimi_kernels.h"
 #include "kimi_variant_table.h"
 #include "../ll_bf16_gemm.h"
@@ -20,74 +18,13 @@ std::vector<std::string> compiled_kernel_symbols() {
   for (const CompiledKernel& kernel : kCompiledKernels) {
     symbols.emplace_back(kernel.symbol);
   }
+  for (const CompiledRouterKernel& kernel : kCompiledRouterKernels) {
+    symbols.emplace_back(kernel.symbol);
+  }
   return symbols;
 }
 
 namespace {
-
-constexpr size_t kNumKernels = std::size(kCompiledKernels);
-constexpr int kMaxDevices = 64;
-
-int device_sm(int device) {
-  const cudaDeviceProp* props = at::cuda::getDeviceProperties(device);
-  return props->major * 10 + props->minor;
-}
-
-void check_cuda(cudaError_t err, const char* what, const char* symbol) {
-  TORCH_CHECK(err == cudaSuccess, "ll_bf16_gemm: ", what, " ", symbol, " failed: ",
-              cudaGetErrorString(err));
-}
-
-// The first call in a process may happen inside CUDA-graph capture. Loading a library is
-// not stream work, but the global capture mode forbids it on any thread; relaxed mode for
-// the duration of the load lets it through without touching the captured stream.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCaptureMode() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-
-// Loads this device's kernels once: the embedded cubin of each once per process, then the
-// per-device attributes. Devices load lazily, so a process touches only GPUs it uses.
-void ensure_loaded(int device) {
-  static cudaLibrary_t libraries[kNumKernels];
-  static std::once_flag kernel_once[kNumKernels];
-  static std::once_flag device_once[kMaxDevices];
-  TORCH_CHECK(device < kMaxDevices, "ll_bf16_gemm: device index ", device, " >= ", kMaxDevices);
-  std::call_once(device_once[device], [device] {
-    RelaxedCaptureMode relaxed;
-    const int sm = device_sm(device);
-    for (size_t i = 0; i < kNumKernels; ++i) {
-      const CompiledKernel& kernel = kCompiledKernels[i];
-      if (kernel.sm != sm) {
-        continue;
-      }
-      std::call_once(kernel_once[i], [&] {
-        cudaLibrary_t* library = &libraries[i];
-        cudaError_t err = cudaSuccess;
-        struct {
-          cudaLibrary_t** library;
-          cudaError_t* err;
-        } args = {&library, &err};
-        kernel.init(reinterpret_cast<void**>(&args));
-        check_cuda(err, "loading", kernel.symbol);
-      });
-      cudaLibrary_t* library = &libraries[i];
-      int32_t device_id = device;
-      cudaError_t err = cudaSuccess;
-      struct {
-        cudaLibrary_t** library;
-        int32_t* device_id;
-        cudaError_t* err;
-      } args = {&library, &device_id, &err};
-      kernel.load_to_device(reinterpret_cast<void**>(&args));
-      check_cuda(err, "preparing", kernel.symbol);
-    }
-  });
-}
 
 const CompiledKernel& find_kernel(const VariantRow& row, int vec, c10::ScalarType out_dtype,
                                   int sm) {
@@ -100,20 +37,6 @@ const CompiledKernel& find_kernel(const VariantRow& row, int vec, c10::ScalarTyp
   }
   TORCH_CHECK(false, "ll_bf16_gemm: no compiled kernel ", row.name, " vec", vec, " ", out_dtype,
               " for sm_", sm);
-}
-
-// Sizes-one dimensions have arbitrary strides; give them the contiguous one so the
-// alignment test below is not fooled by a stride that is never used.
-int64_t row_stride(const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
-
-bool vec8_aligned(const at::Tensor& t) {
-  return t.size(1) % 8 == 0 && row_stride(t) % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
-// Unit stride along K is the kernels' one layout requirement; other layouts are copied once.
-at::Tensor unit_inner_stride(const at::Tensor& t) {
-  return (t.stride(1) == 1 || t.size(1) == 1) ? t : t.contiguous();
 }
 
 at::Tensor cublas_mm(const at::Tensor& x, const at::Tensor& w, c10::ScalarType out_dtype) {
@@ -148,7 +71,7 @@ at::Tensor launch(const VariantRow* row, const at::Tensor& x_in, const at::Tenso
     return cublas_mm(x, w, out_dtype);
   }
   const CompiledKernel& kernel = find_kernel(*row, vec8 ? 8 : 1, out_dtype, sm);
-  ensure_loaded(device);
+  ensure_loaded(kCompiledKernels, device);
   TensorArg xa{x.data_ptr(), {int32_t(M), int32_t(K)}, {row_stride(x)}};
   TensorArg wa{w.data_ptr(), {int32_t(N), int32_t(K)}, {row_stride(w)}};
   TensorArg oa{out.data_ptr(), {int32_t(M), int32_t(N)}, {N}};

@@ -57,16 +57,19 @@ class LLBf16Dotprod:
         out: cute.Tensor,  # [M, N] float32 or bfloat16
         stream: cuda.CUstream,
     ):
+        xv, wv = self.vector_views(x, w)
+        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0]), stream=stream, use_pdl=self.pdl)
+
+    def vector_views(self, x, w):
         # Vector views [rows, (vec, K / vec)]: K % vec == 0 is this variant's contract.
-        xv = cute.logical_divide(x, (None, self.vec))
-        wv = cute.logical_divide(w, (None, self.vec))
-        n = w.shape[0]
-        self.kernel(xv, wv, out).launch(
+        return cute.logical_divide(x, (None, self.vec)), cute.logical_divide(w, (None, self.vec))
+
+    def launch_shape(self, n):
+        """Grid, block and shared memory for N experts (the fused router reuses it)."""
+        return dict(
             grid=[(n + self.rows_per_cta - 1) // self.rows_per_cta, 1, 1],
             block=[self.threads, 1, 1],
             smem=self.max_m * self.rows_per_cta * self.num_warps * 4,
-            stream=stream,
-            use_pdl=self.pdl,
         )
 
     @cute.jit
@@ -87,6 +90,11 @@ class LLBf16Dotprod:
 
     @cute.kernel
     def kernel(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
+        self.body(xv, wv, out)
+
+    @cute.jit
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
+        """The whole GEMM; the fused router kernel runs it and then routes."""
         max_m: cutlass.Constexpr = self.max_m
         rows: cutlass.Constexpr = self.rows_per_cta
         unroll: cutlass.Constexpr = self.unroll

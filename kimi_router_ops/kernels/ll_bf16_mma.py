@@ -75,16 +75,19 @@ class LLBf16Mma:
         out: cute.Tensor,  # [M, N] float32 or bfloat16
         stream: cuda.CUstream,
     ):
-        xv = cute.logical_divide(x, (None, 8))
-        wv = cute.logical_divide(w, (None, 8))
-        n = w.shape[0]
-        self.kernel(xv, wv, out).launch(
+        xv, wv = self.vector_views(x, w)
+        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0]), stream=stream, use_pdl=self.pdl)
+
+    def vector_views(self, x, w):
+        return cute.logical_divide(x, (None, 8)), cute.logical_divide(w, (None, 8))
+
+    def launch_shape(self, n):
+        """Grid, block, cluster and shared memory for N experts (the fused router reuses it)."""
+        return dict(
             grid=[self.cluster_k, (n + self.experts - 1) // self.experts, 1],
             block=[self.threads, 1, 1],
             cluster=[self.cluster_k, 1, 1],
             smem=self.smem_bytes(),
-            stream=stream,
-            use_pdl=self.pdl,
         )
 
     @cute.jit
@@ -140,6 +143,11 @@ class LLBf16Mma:
 
     @cute.kernel
     def kernel(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
+        self.body(xv, wv, out)
+
+    @cute.jit
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
+        """The whole GEMM; the fused router kernel runs it and then routes."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks

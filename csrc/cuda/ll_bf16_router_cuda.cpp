@@ -1,0 +1,78 @@
+// CUDA implementation of the router op: one fused kernel (GEMM + routing) where a row of the
+// router table applies, the reference path (the GEMM op, then ATen routing) otherwise.
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "kernel_support.h"
+#include "kimi_kernels.h"
+#include "kimi_variant_table.h"
+#include "router_counters.h"
+#include "../ll_bf16_router.h"
+
+namespace kimi {
+
+namespace {
+
+const CompiledRouterKernel& find_router_kernel(const RouterRow& row, c10::ScalarType bias_dtype,
+                                               int sm) {
+  const int router = static_cast<int>(&row - kRouterRows);
+  for (const CompiledRouterKernel& kernel : kCompiledRouterKernels) {
+    if (kernel.router == router && kernel.bias_dtype == bias_dtype && kernel.sm == sm) {
+      return kernel;
+    }
+  }
+  TORCH_CHECK(false, "ll_bf16_router: no compiled kernel ", row.name, " for sm_", sm);
+}
+
+TensorArg matrix_arg(const at::Tensor& t) {
+  return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cuda(
+    const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in,
+    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
+    double routed_scaling_factor) {
+  check_router_inputs(x_in, w_in, bias_in, top_k, n_group, topk_group);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = unit_inner_stride(x_in);
+  const at::Tensor w = unit_inner_stride(w_in);
+  const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+  const int device = x.get_device();
+  const int sm = device_sm(device);
+  const RouterRow* row =
+      M == 0 ? nullptr
+             : choose_router(M, N, K, top_k, n_group, topk_group, sm,
+                             vec8_aligned(x) && vec8_aligned(w));
+  if (row == nullptr) {
+    return ll_bf16_router_reference(x, w, bias_in, top_k, n_group, topk_group, renormalize,
+                                    routed_scaling_factor);
+  }
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor logits = at::empty({M, N}, f32);
+  at::Tensor weights = at::empty({M, top_k}, f32);
+  at::Tensor ids = at::empty({M, top_k}, x.options().dtype(at::kInt));
+  // The bias as a [1, N] row with unit stride; without one, the fp32 kernel runs with
+  // has_bias = 0 and never reads the (stand-in) pointer.
+  const at::Tensor bias = bias_in.has_value() ? bias_in->contiguous().view({1, N}) : logits;
+  const CompiledRouterKernel& kernel = find_router_kernel(*row, bias.scalar_type(), sm);
+  ensure_loaded(kCompiledRouterKernels, device);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device);
+  RouterArgs args{
+      matrix_arg(x), matrix_arg(w), matrix_arg(bias.narrow(0, 0, 1)), matrix_arg(logits),
+      matrix_arg(weights), matrix_arg(ids),
+      TensorArg{router_counter(device, stream), {1, 1}, {1}},
+      int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
+      bias_in.has_value() ? 1 : 0, static_cast<float>(routed_scaling_factor)};
+  const int32_t err = kernel.launch(&args, stream);
+  check_cuda(static_cast<cudaError_t>(err), "launching", kernel.symbol);
+  return {weights, ids, logits};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(kimi, CUDA, m) { m.impl("ll_bf16_router", &ll_bf16_router_cuda); }
+
+}  // namespace kimi

@@ -1,0 +1,28 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+#include "variant_row.h"
+
+namespace kimi {
+
+// The router op's input contract (every implementation calls it first).
+void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
+                         const std::optional<at::Tensor>& bias, int64_t top_k, int64_t n_group,
+                         int64_t topk_group);
+
+// The fused router row for a problem on a GPU of compute capability sm, or nullptr (the
+// reference path: the GEMM op, then the routing as ATen ops).
+const RouterRow* choose_router(int64_t M, int64_t N, int64_t K, int64_t top_k, int64_t n_group,
+                               int64_t topk_group, int64_t sm, bool vec8_ok);
+
+// The op's semantics on any device, inputs already checked: (weights, ids, logits).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_reference(
+    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
+    double routed_scaling_factor);
+
+}  // namespace kimi

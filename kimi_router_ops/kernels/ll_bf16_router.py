@@ -1,0 +1,227 @@
+"""The whole MoE router in one launch: a router GEMM kernel, then routing by its last CTA.
+
+    logits  = x · wᵀ                                  (the GEMM kernel's body, unchanged)
+    scores  = sigmoid(logits);  choice = scores + bias
+    groups  = n_group equal slices of the experts, scored by the sum of their two best
+              choice values; the topk_group best are kept (ties to the lower group)
+    ids     = the top_k best choice values among kept experts, best first, ties to the
+              lower expert id
+    weights = scores[ids] / (sum + 1e-20) if renormalize, times routed_scaling_factor
+
+Every CTA runs the GEMM body of an LLBf16Dotprod or LLBf16Mma kernel and stores its logits.
+Then it counts itself done on a counter in global memory (a release-acquire atomic after a
+CTA barrier, as a cooperative grid barrier does); the CTA that arrives last, which sees
+every logit, routes all M tokens from L2 and sets the counter back to zero, so the next
+call on the same counter (the next call on the stream, or the next replay of a captured
+graph) starts from zero. The host gives each stream, and each call captured into a graph,
+its own counter (csrc/cuda/router_counters.cpp).
+
+Routing: one warp per token. Lane l holds the choice values of experts l, l + 32, ... (up to
+`n_max`, a compile-time bound), as floats and as order-preserving unsigned keys, so that a
+warp's maximum is one `redux.sync`. Each pick takes the largest key, then the lowest expert
+id holding it (a second `redux.sync`), and the winning lane rescans its own values: top_k
+picks, no shared memory, no sorting. Group scores merge per-lane best pairs with shuffles.
+"""
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32, const_expr
+
+WARP = 32
+
+
+class LLBf16Router:
+    """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
+
+    def __init__(self, gemm, n_max: int):
+        if n_max > 32 * WARP:
+            raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
+        self.gemm = gemm
+        self.n_max = n_max
+        self.slots = (n_max + WARP - 1) // WARP  # choice values per lane
+        self.warps = gemm.threads // WARP
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,  # [M, K] bf16
+        w: cute.Tensor,  # [N, K] bf16
+        bias: cute.Tensor,  # [1, N] float32 or bfloat16; read only if has_bias
+        logits: cute.Tensor,  # [M, N] float32, out
+        weights: cute.Tensor,  # [M, top_k] float32, out
+        ids: cute.Tensor,  # [M, top_k] int32, out
+        counter: cute.Tensor,  # [1, 1] int32, zero before the call, zero after it
+        top_k: Int32,
+        n_group: Int32,
+        topk_group: Int32,
+        renormalize: Int32,
+        has_bias: Int32,
+        scaling: Float32,
+        stream: cuda.CUstream,
+    ):
+        xv, wv = self.gemm.vector_views(x, w)
+        self.kernel(
+            xv, wv, bias, logits, weights, ids, counter,
+            top_k, n_group, topk_group, renormalize, has_bias, scaling,
+        ).launch(**self.gemm.launch_shape(w.shape[0]), stream=stream, use_pdl=self.gemm.pdl)
+
+    @cute.kernel
+    def kernel(
+        self,
+        xv: cute.Tensor,
+        wv: cute.Tensor,
+        bias: cute.Tensor,
+        logits: cute.Tensor,
+        weights: cute.Tensor,
+        ids: cute.Tensor,
+        counter: cute.Tensor,
+        top_k: Int32,
+        n_group: Int32,
+        topk_group: Int32,
+        renormalize: Int32,
+        has_bias: Int32,
+        scaling: Float32,
+    ):
+        self.gemm.body(xv, wv, logits)
+
+        tidx, _, _ = cute.arch.thread_idx()
+        # The GEMM's shared memory is free once every thread is past this barrier, which
+        # also orders all of this CTA's logit stores before thread 0's release below.
+        smem = cutlass.utils.SmemAllocator()
+        last_flag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)
+        cute.arch.sync_threads()
+        if tidx == 0:
+            gx, gy, gz = cute.arch.grid_dim()
+            cute.arch.fence_acq_rel_gpu()
+            done = cute.arch.atomic_add(counter.iterator, Int32(1), sem="acq_rel", scope="gpu")
+            last = Int32(0)
+            if done == gx * gy * gz - 1:
+                last = Int32(1)
+                counter[0, 0] = Int32(0)  # every CTA has counted: ready for the next call
+                cute.arch.fence_acq_rel_gpu()
+            last_flag[0] = last
+        cute.arch.sync_threads()
+        if last_flag[0] != 0:
+            self._route(logits, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+                        has_bias, scaling)
+
+    @cute.jit
+    def _sigmoid(self, v: Float32) -> Float32:
+        return Float32(1.0) / (Float32(1.0) + cute.math.exp(-v))
+
+    @cute.jit
+    def _key(self, v: Float32) -> Uint32:
+        """An unsigned key that orders like the float (for finite values and infinities)."""
+        bits = v.bitcast(Uint32)
+        key = bits | Uint32(0x80000000)
+        if (bits & Uint32(0x80000000)) != Uint32(0):
+            key = ~bits
+        return key
+
+    @cute.jit
+    def _best_slot(self, keys):
+        """This lane's largest key and its slot; ties to the lower slot (lower expert id)."""
+        best = keys[0]
+        slot = Int32(0)
+        for j in cutlass.range_constexpr(1, self.slots):
+            if keys[j] > best:
+                best = keys[j]
+                slot = Int32(j)
+        return best, slot
+
+    @cute.jit
+    def _route(self, logits, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+               has_bias, scaling):
+        slots: cutlass.Constexpr = self.slots
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        m_count = logits.shape[0]
+        n_count = logits.shape[1]
+        choice = cute.make_rmem_tensor((slots,), Float32)
+        keys = cute.make_rmem_tensor((slots,), Uint32)
+        for m in cutlass.range(warp, m_count, self.warps, unroll=1):
+            for j in cutlass.range_constexpr(slots):
+                e = j * WARP + lane
+                ec = cutlass.min(e, n_count - 1)
+                c = self._sigmoid(logits[m, ec])
+                if has_bias != 0:
+                    c = c + bias[0, ec].to(Float32)
+                choice[j] = c
+                keys[j] = Uint32(0)  # never picked: top_k <= the experts that remain
+                if e < n_count:
+                    keys[j] = self._key(c)
+
+            if topk_group < n_group:
+                self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
+
+            best, slot = self._best_slot(keys)
+            my_id = Int32(0)  # lane i keeps the i-th pick
+            for i in cutlass.range(top_k, unroll=1):
+                top = cute.arch.warp_redux_sync(best, "umax")
+                candidate = Uint32(0xFFFFFFFF)
+                if best == top:
+                    candidate = (slot * WARP + lane).to(Uint32)
+                pick = cute.arch.warp_redux_sync(candidate, "umin").to(Int32)
+                if lane == i:
+                    my_id = pick
+                if (pick & (WARP - 1)) == lane:
+                    for j in cutlass.range_constexpr(slots):
+                        if slot == j:
+                            keys[j] = Uint32(0)
+                    best, slot = self._best_slot(keys)
+
+            score = Float32(0.0)
+            if lane < top_k:
+                score = self._sigmoid(logits[m, my_id])
+            weight = score
+            if renormalize != 0:
+                total = cute.arch.warp_reduction_sum(score)
+                weight = score / (total + Float32(1e-20))
+            if lane < top_k:
+                weights[m, lane] = weight * scaling
+                ids[m, lane] = my_id
+
+    @cute.jit
+    def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group):
+        """Zero the keys of experts outside the topk_group best groups (n_group <= 32)."""
+        group_size = n_count // n_group
+        neg_inf = Float32(-float("inf"))
+        group_key = Uint32(0)  # lane g holds group g's score as a key
+        for g in cutlass.range(n_group, unroll=1):
+            lo = g * group_size
+            first = neg_inf
+            second = neg_inf
+            for j in cutlass.range_constexpr(self.slots):
+                e = j * WARP + lane
+                if e >= lo and e < lo + group_size:
+                    c = choice[j]
+                    if c > first:
+                        second = first
+                        first = c
+                    elif c > second:
+                        second = c
+            # The warp's two best values of this group: merge lane pairs in a butterfly.
+            for step in cutlass.range_constexpr(5):
+                offset = 16 >> step
+                other_first = cute.arch.shuffle_sync_bfly(first, offset)
+                other_second = cute.arch.shuffle_sync_bfly(second, offset)
+                low = cute.arch.fmin(first, other_first)
+                first = cute.arch.fmax(first, other_first)
+                second = cute.arch.fmax(low, cute.arch.fmax(second, other_second))
+            if lane == g:
+                group_key = self._key(first + second)
+        kept = Int32(0)
+        for _ in cutlass.range(topk_group, unroll=1):
+            top = cute.arch.warp_redux_sync(group_key, "umax")
+            holders = cute.arch.vote_ballot_sync(group_key == top)
+            g = cute.arch.popc((holders & -holders) - 1)  # the lowest group holding it
+            kept = kept | (Int32(1) << g)
+            if lane == g:
+                group_key = Uint32(0)
+        for j in cutlass.range_constexpr(self.slots):
+            e = j * WARP + lane
+            g = cutlass.min(e // group_size, 31)
+            if ((kept >> g) & 1) == 0:
+                keys[j] = Uint32(0)
