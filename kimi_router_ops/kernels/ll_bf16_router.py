@@ -62,10 +62,12 @@ class LLBf16Router:
         stream: cuda.CUstream,
     ):
         xv, wv = self.gemm.vector_views(x, w)
+        shape = self.gemm.launch_shape(w.shape[0])
+        shape["smem"] += 16  # the last-CTA flag, after the GEMM's own shared memory
         self.kernel(
             xv, wv, bias, logits, weights, ids, counter,
             top_k, n_group, topk_group, renormalize, has_bias, scaling,
-        ).launch(**self.gemm.launch_shape(w.shape[0]), stream=stream, use_pdl=self.gemm.pdl)
+        ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl)
 
     @cute.kernel
     def kernel(
@@ -87,8 +89,7 @@ class LLBf16Router:
         self.gemm.body(xv, wv, logits)
 
         tidx, _, _ = cute.arch.thread_idx()
-        # The GEMM's shared memory is free once every thread is past this barrier, which
-        # also orders all of this CTA's logit stores before thread 0's release below.
+        # This barrier orders all of this CTA's logit stores before thread 0's release below.
         smem = cutlass.utils.SmemAllocator()
         last_flag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)
         cute.arch.sync_threads()
