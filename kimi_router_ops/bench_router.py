@@ -45,6 +45,7 @@ def implementations(config):
     def gemm_then_torch(x, w, bias):
         return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale)
 
+    torch._dynamo.reset()  # one compiled graph per case: no recompile limit across cases
     compiled = torch.compile(gemm_then_torch, fullgraph=True, dynamic=False)
     return {
         "ll_bf16_router": lambda x, w, b: kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale),
