@@ -142,13 +142,21 @@ class LLBf16Router:
         n_count = logits.shape[1]
         choice = cute.make_rmem_tensor((slots,), Float32)
         keys = cute.make_rmem_tensor((slots,), Uint32)
+        logit_regs = cute.make_rmem_tensor((slots,), Float32)
+        bias_regs = cute.make_rmem_tensor((slots,), Float32)
         for m in cutlass.range(warp, m_count, self.warps, unroll=1):
+            # Every load first, with no branch between them, so that they are all in flight
+            # at once: one L2 round trip, not one per expert. (Without a bias the pointer is
+            # a stand-in that is valid to read; the values go unused.)
+            for j in cutlass.range_constexpr(slots):
+                ec = cutlass.min(j * WARP + lane, n_count - 1)
+                logit_regs[j] = logits[m, ec]
+                bias_regs[j] = bias[0, ec].to(Float32)
             for j in cutlass.range_constexpr(slots):
                 e = j * WARP + lane
-                ec = cutlass.min(e, n_count - 1)
-                c = self._sigmoid(logits[m, ec])
+                c = self._sigmoid(logit_regs[j])
                 if has_bias != 0:
-                    c = c + bias[0, ec].to(Float32)
+                    c = c + bias_regs[j]
                 choice[j] = c
                 keys[j] = Uint32(0)  # never picked: top_k <= the experts that remain
                 if e < n_count:
