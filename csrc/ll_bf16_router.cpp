@@ -21,6 +21,8 @@
 
 #include <limits>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <tuple>
 
 #include "kimi_variant_table.h"
@@ -62,19 +64,48 @@ void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
   }
 }
 
+std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_t K,
+                              int64_t top_k, int64_t n_group, int64_t topk_group, int64_t sm,
+                              bool vec8_ok) {
+  std::ostringstream why;
+  if (!kernels_support(sm, N, K)) {
+    why << "no kernels for sm_" << sm << " or for N=" << N << " K=" << K;
+  } else if (M < 1 || M > row.m_hi) {
+    why << "handles 1 <= M <= " << row.m_hi << ", got M = " << M;
+  } else if (N > row.n_max) {
+    why << "routes N <= " << row.n_max << " experts, got N = " << N;
+  } else if (top_k > kRouterMaxTopK) {
+    // The picked ids are spread over the lanes of a warp, and so are the group scores.
+    why << "picks top_k <= " << kRouterMaxTopK << ", got " << top_k;
+  } else if (topk_group < n_group && n_group > kRouterMaxGroups) {
+    why << "drops groups only among n_group <= " << kRouterMaxGroups << ", got " << n_group;
+  } else if (!vec8_ok) {
+    why << "needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned data; got K = " << K;
+  }
+  return why.str();
+}
+
 const RouterRow* choose_router(int64_t M, int64_t N, int64_t K, int64_t top_k, int64_t n_group,
                                int64_t topk_group, int64_t sm, bool vec8_ok) {
-  // Group selection lives in one warp's lanes, and so do the picked ids.
-  const bool routable = top_k <= kRouterMaxTopK && (topk_group == n_group || n_group <= kRouterMaxGroups);
-  if (!routable || !vec8_ok || !kernels_support(sm, N, K)) {
-    return nullptr;
-  }
   for (const RouterRow& row : kRouterRows) {
-    if (row.m_lo <= M && M <= row.m_hi && row.n_min <= N && N <= row.n_max) {
+    if (row.automatic && row.m_lo <= M && row.n_min <= N &&
+        router_row_misfit(row, M, N, K, top_k, n_group, topk_group, sm, vec8_ok).empty()) {
       return &row;
     }
   }
   return nullptr;
+}
+
+const RouterRow& router_row_by_name(const std::string& name) {
+  std::ostringstream names;
+  for (const RouterRow& row : kRouterRows) {
+    if (name == row.name) {
+      return row;
+    }
+    names << " " << row.name;
+  }
+  TORCH_CHECK_VALUE(false, "ll_bf16_router_with_variant: unknown variant '", name,
+                    "'; expected one of:", names.str());
 }
 
 namespace {
@@ -141,6 +172,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cpu(
                                   routed_scaling_factor);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_with_variant_cpu(
+    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
+    double routed_scaling_factor, const std::string& variant) {
+  router_row_by_name(variant);
+  return ll_bf16_router_cpu(x, w, bias, top_k, n_group, topk_group, renormalize,
+                            routed_scaling_factor);
+}
+
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
                                    int64_t n_group, int64_t topk_group, int64_t sm, bool aligned) {
   TORCH_CHECK_VALUE(M >= 0 && N >= 1 && K >= 1,
@@ -159,6 +199,12 @@ TORCH_LIBRARY_FRAGMENT(kimi, m) {
       "ll_bf16_router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
       "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
       "float routed_scaling_factor=1.0) -> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+  // The same with a fused router row named (benchmarks, tests); the CPU runs the reference.
+  m.def(
+      "ll_bf16_router_with_variant(Tensor hidden_states, Tensor router_weight, "
+      "Tensor? e_score_correction_bias, int top_k, int n_group, int topk_group, "
+      "bool renormalize, float routed_scaling_factor, str variant) "
+      "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
   // Which kernel the CUDA op runs for a problem: a fused router row, or "reference".
   m.def(
       "ll_bf16_router_variant(int M, int N, int K, int top_k, int n_group=1, int topk_group=1, "
@@ -166,10 +212,14 @@ TORCH_LIBRARY_FRAGMENT(kimi, m) {
       &ll_bf16_router_variant);
 }
 
-TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("ll_bf16_router", &ll_bf16_router_cpu); }
+TORCH_LIBRARY_IMPL(kimi, CPU, m) {
+  m.impl("ll_bf16_router", &ll_bf16_router_cpu);
+  m.impl("ll_bf16_router_with_variant", &ll_bf16_router_with_variant_cpu);
+}
 // Routing picks discrete experts: the op has no derivative (backward raises).
 TORCH_LIBRARY_IMPL(kimi, Autograd, m) {
   m.impl("ll_bf16_router", torch::autograd::autogradNotImplementedFallback());
+  m.impl("ll_bf16_router_with_variant", torch::autograd::autogradNotImplementedFallback());
 }
 
 }  // namespace kimi

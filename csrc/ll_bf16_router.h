@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "variant_row.h"
@@ -18,6 +19,14 @@ void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
 // reference path: the GEMM op, then the routing as ATen ops).
 const RouterRow* choose_router(int64_t M, int64_t N, int64_t K, int64_t top_k, int64_t n_group,
                                int64_t topk_group, int64_t sm, bool vec8_ok);
+
+// Why `row` cannot run a problem ("" if it can).
+std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_t K,
+                              int64_t top_k, int64_t n_group, int64_t topk_group, int64_t sm,
+                              bool vec8_ok);
+
+// The router table row called `name`; an error listing the valid names if there is none.
+const RouterRow& router_row_by_name(const std::string& name);
 
 // The op's semantics on any device, inputs already checked: (weights, ids, logits).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_reference(

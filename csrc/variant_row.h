@@ -22,6 +22,7 @@ struct RouterRow {
   int m_hi;
   int n_min;
   int n_max;  // also the most experts its routing handles (compiled in)
+  bool automatic;  // false: run only when asked for by name
 };
 
 }  // namespace kimi

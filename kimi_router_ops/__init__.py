@@ -17,6 +17,7 @@ from .ops import (
     ll_bf16_gemm,
     ll_bf16_gemm_with_variant,
     ll_bf16_router,
+    ll_bf16_router_with_variant,
     rms_norm,
 )
 from .router_linear import RouterLinear
@@ -30,5 +31,6 @@ __all__ = [
     "ll_bf16_gemm",
     "ll_bf16_gemm_with_variant",
     "ll_bf16_router",
+    "ll_bf16_router_with_variant",
     "rms_norm",
 ]

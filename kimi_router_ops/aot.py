@@ -83,9 +83,10 @@ def kernel_object(variant, vec):
 
 
 def router_object(router):
-    from kernels.ll_bf16_router import LLBf16Router
+    from kernels.ll_bf16_router import LLBf16Router, LLBf16RouterBranchless
 
-    return LLBf16Router(kernel_object(variants.variant(router.gemm), 8), n_max=router.n_max)
+    family = LLBf16RouterBranchless if router.branchless else LLBf16Router
+    return family(kernel_object(variants.variant(router.gemm), 8), n_max=router.n_max)
 
 
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:

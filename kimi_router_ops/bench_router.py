@@ -3,7 +3,8 @@
 For the real router configurations and M = 1..16 this times, the same way as the GEMM
 benchmark (one CUDA graph of one call per weight copy, cold L2, median per call; back to
 back and serialized): `ll_bf16_router`; `ll_bf16_gemm` alone; `ll_bf16_gemm` followed by
-the routing as torch ops (the transformers formula), eagerly and under `torch.compile`.
+the routing as torch ops (the transformers formula), eagerly and under `torch.compile`;
+and each named-only fused router row that can serve the case, forced.
 Writes <out>/router.json and <out>/router.md.
 """
 
@@ -13,6 +14,7 @@ import datetime
 import torch
 
 import kimi_router_ops
+from kimi_router_ops import variants
 from kimi_router_ops.bench import empty_node_us, git_commit, parse_bench_args, save_report
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
@@ -39,20 +41,28 @@ def torch_routing(logits, bias, top_k, n_group, topk_group, scale):
     return weights / (weights.sum(-1, keepdim=True) + 1e-20) * scale, ids
 
 
-def implementations(config):
+def implementations(config, m):
     n, top_k, n_group, topk_group, scale = CONFIGS[config]
+    route = (top_k, n_group, topk_group, True, scale)
 
     def gemm_then_torch(x, w, bias):
         return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale)
 
     torch._dynamo.reset()  # one compiled graph per case: no recompile limit across cases
     compiled = torch.compile(gemm_then_torch, fullgraph=True, dynamic=False)
-    return {
-        "ll_bf16_router": lambda x, w, b: kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale),
+    impls = {
+        "ll_bf16_router": lambda x, w, b: kimi_router_ops.ll_bf16_router(x, w, b, *route),
         "ll_bf16_gemm alone": lambda x, w, b: kimi_router_ops.ll_bf16_gemm(x, w),
         "gemm + torch routing, eager": gemm_then_torch,
         "gemm + torch routing, compiled": compiled,
     }
+    # The named-only fused rows that can serve this case: candidates for the table.
+    for r in variants.ROUTER_VARIANTS:
+        if not r.automatic and r.m_lo <= m <= r.m_hi and n <= r.n_max:
+            impls[f"forced {r.name}"] = (
+                lambda x, w, b, name=r.name: kimi_router_ops.ll_bf16_router_with_variant(x, w, b, *route, name)
+            )
+    return impls
 
 
 def run(configs, m_list, replays):
@@ -66,7 +76,7 @@ def run(configs, m_list, replays):
         weights = weight_copies(n, K, 3 * l2_bytes())
         bias = (torch.randn(n, device="cuda") * 0.05).float()
         x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
-        for impl, fn in implementations(config).items():
+        for impl, fn in implementations(config, m).items():
             us = graph_time_us([lambda w=w: fn(x, w, bias) for w in weights], replays=replays)
             serial = graph_time_us([lambda w=w: (tiny.add_(1), fn(x, w, bias)) for w in weights], replays=replays)
             results.append({"config": config, "M": m, "impl": impl, "us": round(us, 3),
@@ -90,7 +100,7 @@ def markdown(report) -> str:
     ]
     for config, m in dict.fromkeys((r["config"], r["M"]) for r in report["results"]):
         rows = {r["impl"]: r for r in report["results"] if r["config"] == config and r["M"] == m}
-        cells = [f"{rows[i]['us']:.2f} ({rows[i]['serial_us']:.2f})" for i in impls]
+        cells = [f"{rows[i]['us']:.2f} ({rows[i]['serial_us']:.2f})" if i in rows else "" for i in impls]
         router = rows["ll_bf16_router"]["us"]
         extra = router - rows["ll_bf16_gemm alone"]["us"]
         speedup = rows["gemm + torch routing, compiled"]["us"] / router

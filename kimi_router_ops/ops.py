@@ -134,6 +134,27 @@ def ll_bf16_router(
     )
 
 
+def ll_bf16_router_with_variant(
+    hidden_states: Tensor,
+    router_weight: Tensor,
+    e_score_correction_bias: Tensor | None,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool,
+    routed_scaling_factor: float,
+    variant: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`ll_bf16_router` with the fused kernel named: a row of
+    `kimi_router_ops.variants.ROUTER_VARIANTS`, which must serve the problem on this GPU
+    (`ValueError` otherwise). The CPU checks the name and runs the reference. For
+    benchmarks and tests."""
+    return torch.ops.kimi.ll_bf16_router_with_variant.default(
+        hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
+        renormalize, routed_scaling_factor, variant,
+    )
+
+
 def chosen_router_variant(
     M: int,
     N: int,
@@ -263,3 +284,14 @@ def _fused_add_rms_norm_fake(x, residual, weight, eps):
     )
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     return out, torch.empty_like(out)
+
+
+@torch.library.register_fake("kimi::ll_bf16_router_with_variant")
+def _ll_bf16_router_with_variant_fake(
+    hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
+    renormalize, routed_scaling_factor, variant,
+):
+    return _ll_bf16_router_fake(
+        hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
+        renormalize, routed_scaling_factor,
+    )

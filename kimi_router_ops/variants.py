@@ -116,14 +116,28 @@ class RouterVariant:
     m_hi: int
     n_min: int
     n_max: int
+    automatic: bool = True  # False: run only when asked for by name
+    branchless: bool = False  # routing with selects only (LLBf16RouterBranchless)
 
 
-# Each fuses the GEMM row that the GEMM op picks for the same M and N.
+def _router_bl(gemm, m_lo, m_hi, n_max):
+    return RouterVariant(f"router_{gemm}_bl_n{n_max}", gemm, m_lo, m_hi, 1, n_max,
+                         automatic=False, branchless=True)
+
+
+# Each fuses the GEMM row that the GEMM op picks for the same M and N. The automatic rows
+# are the measured ones (docs/benchmarks.md, "The whole router"); the branchless rows,
+# named only, wait for their first GPU measurement (slots sized to N: 8 for DeepSeek-V3,
+# 12 for Kimi-K2, 28 of 32 for Kimi-K3).
 ROUTER_VARIANTS = (
     RouterVariant("router_m1_prefetch_r4_t256", "m1_prefetch_r4_t256", 1, 1, 1, 1024),
     RouterVariant("router_mma8_t2c4w8u7", "mma8_t2c4w8u7", 2, 8, 1, 1024),
     RouterVariant("router_mma16_t2c4w8u7", "mma16_t2c4w8u7", 9, 16, 320, 511),
     RouterVariant("router_mma16_t2c8w4u7", "mma16_t2c8w4u7", 9, 16, 1, 1024),
+    *(_router_bl(gemm, m_lo, m_hi, n_max)
+      for gemm, m_lo, m_hi in (("m1_prefetch_r4_t256", 1, 1), ("mma8_t2c4w8u7", 2, 8),
+                               ("mma16_t2c4w8u7", 9, 16), ("mma16_t2c8w4u7", 9, 16))
+      for n_max in (256, 384, 1024)),
 )
 # The router's top_k ids are spread over the lanes of a warp, its group scores too.
 ROUTER_MAX_TOP_K = 32
@@ -177,7 +191,8 @@ def write_variant_table_header(path: str) -> None:
         for v in VARIANTS
     )
     router_rows = "\n".join(
-        f'    {{"{r.name}", {r.m_lo}, {r.m_hi}, {r.n_min}, {r.n_max}}},' for r in ROUTER_VARIANTS
+        f'    {{"{r.name}", {r.m_lo}, {r.m_hi}, {r.n_min}, {r.n_max}, {str(r.automatic).lower()}}},'
+        for r in ROUTER_VARIANTS
     )
     text = (
         "// Generated from kimi_router_ops/variants.py by setup.py. Do not edit.\n"

@@ -209,3 +209,23 @@ def test_ptx_first_step_loads_all_issue_before_launch_dependents():
         weights = 2 * v.kernel.tiles * v.kernel.unroll
         tokens = (v.m_hi // 8) * v.kernel.unroll
         assert len(re.findall(r"ld\.global\.v4", head)) == weights + tokens, v.name
+
+
+@requires_cuda_build
+@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+def test_ptx_fused_router_hands_off_after_every_logit(arch):
+    """In every fused router kernel: all logit stores, then a CTA barrier, then thread 0's
+    release fence and one acq_rel atomic on the counter, then a barrier again before any
+    routing (redux) reads what the other CTAs stored."""
+    for r, dt, a, _ in variants.compiled_router_kernels():
+        if a != arch:
+            continue
+        ptx = ptx_body(variants.router_kernel_symbol(r, dt, arch), arch)
+        assert ptx.count("atom.global.acq_rel.add") == 1, r.name
+        atom = ptx.index("atom.global.acq_rel.add")
+        fence = ptx.rindex("fence.acq_rel.gpu", 0, atom)
+        barrier = ptx.rindex("bar.sync", 0, fence)
+        assert "st.global" not in ptx[barrier:atom], r.name  # no logit stored after counting
+        first_route = ptx.index("redux.sync", atom)
+        assert "bar.sync" in ptx[atom:first_route], r.name
+        assert "redux.sync" not in ptx[:atom], r.name

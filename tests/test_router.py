@@ -336,6 +336,68 @@ def test_two_streams_route_concurrently():
             assert all(torch.equal(a, b) for a, b in zip(out, ref))
 
 
+def test_forced_router_variant_on_cpu_is_the_reference():
+    x, w, bias = make_case(3, 64, 96, 6, 4, 2)
+    expected = kimi_router_ops.ll_bf16_router(x, w, bias, 6, 4, 2, True, 2.5)
+    for r in variants.ROUTER_VARIANTS:
+        out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, r.name)
+        assert all(torch.equal(a, b) for a, b in zip(out, expected))
+    with pytest.raises(ValueError, match="unknown variant 'router_nope'; expected one of: router_m1"):
+        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, "router_nope")
+
+
+def test_forced_router_variant_opcheck():
+    x, w, bias = make_case(3, 64, 96, 6, 4, 2)
+    torch.library.opcheck(
+        torch.ops.kimi.ll_bf16_router_with_variant.default,
+        (x, w, bias, 6, 4, 2, True, 2.5, variants.ROUTER_VARIANTS[0].name),
+    )
+
+
+@requires_kernel_gpu
+@pytest.mark.parametrize("row", variants.ROUTER_VARIANTS, ids=lambda r: r.name)
+def test_every_router_variant(row):
+    """Each fused row, forced, on every model config it can route, at both ends of its M
+    range and with each bias kind: the reference's routing and the GEMM row's logits."""
+    for config, (n, top_k, n_group, topk_group, scale) in MODEL_CONFIGS.items():
+        if n > row.n_max:
+            continue
+        for m in sorted({row.m_lo, row.m_hi}):
+            for bias_kind in (None, "fp32", "bf16"):
+                x, w, bias = make_case(m, n, 7168, top_k, n_group, topk_group, bias_kind, "cuda", seed=m)
+                args = (top_k, n_group, topk_group, True, scale)
+                out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
+                check_router(out, x, w, bias, *args)
+                assert torch.equal(out[2], kimi_router_ops.ll_bf16_gemm_with_variant(x, w, row.gemm))
+
+
+@requires_kernel_gpu
+@settings(max_examples=100, deadline=None)
+@given(problem=fused_router_problems(), row=st.sampled_from(variants.ROUTER_VARIANTS), renormalize=st.booleans())
+def test_property_cuda_forced_rows(problem, row, renormalize):
+    problem["m"] = min(problem["m"], row.m_hi)
+    if problem["n"] > row.n_max:
+        return  # outside the row (the misfit error has its own test)
+    x, w, bias = make_case(**problem, device="cuda")
+    args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, 1.5)
+    out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
+    check_router(out, x, w, bias, *args)
+
+
+@requires_kernel_gpu
+def test_forced_router_variant_that_cannot_serve_is_an_error():
+    x, w, bias = make_case(4, 384, 7168, 8, 1, 1, device="cuda")
+    small = next(r for r in variants.ROUTER_VARIANTS if r.n_max == 256)
+    with pytest.raises(ValueError, match=f"variant {small.name} routes N <= 256 experts, got N = 384"):
+        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, small.name)
+    m1 = variants.ROUTER_VARIANTS[0]
+    with pytest.raises(ValueError, match=f"variant {m1.name} handles 1 <= M <= 1, got M = 4"):
+        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, m1.name)
+    with pytest.raises(ValueError, match="picks top_k <= 32, got 33"):
+        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 33, 1, 1, True, 1.0, "router_mma8_t2c4w8u7")
+    check_router(kimi_router_ops.ll_bf16_router(x, w, bias, 8), x, w, bias, 8, 1, 1, True, 1.0)
+
+
 @requires_kernel_gpu
 def test_two_graphs_replayed_side_by_side():
     """Two captured router calls replayed at once on two streams, many times: each graph's

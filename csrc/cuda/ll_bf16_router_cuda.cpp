@@ -31,10 +31,11 @@ TensorArg matrix_arg(const at::Tensor& t) {
   return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cuda(
-    const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in,
-    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
-    double routed_scaling_factor) {
+// `forced`: the row named by ll_bf16_router_with_variant, or nullptr for the automatic choice.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> route_on_gpu(
+    const RouterRow* forced, const at::Tensor& x_in, const at::Tensor& w_in,
+    const std::optional<at::Tensor>& bias_in, int64_t top_k, int64_t n_group,
+    int64_t topk_group, bool renormalize, double routed_scaling_factor) {
   check_router_inputs(x_in, w_in, bias_in, top_k, n_group, topk_group);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = unit_inner_stride(x_in);
@@ -42,10 +43,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cuda(
   const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
   const int device = x.get_device();
   const int sm = device_sm(device);
-  const RouterRow* row =
-      M == 0 ? nullptr
-             : choose_router(M, N, K, top_k, n_group, topk_group, sm,
-                             vec8_aligned(x) && vec8_aligned(w));
+  const bool vec8 = vec8_aligned(x) && vec8_aligned(w);
+  const RouterRow* row = M == 0 ? nullptr : forced;  // no rows: the reference's empty outputs
+  if (row != nullptr) {
+    const std::string misfit =
+        router_row_misfit(*forced, M, N, K, top_k, n_group, topk_group, sm, vec8);
+    TORCH_CHECK_VALUE(misfit.empty(), "ll_bf16_router_with_variant: variant ", forced->name,
+                      " ", misfit);
+  } else if (M > 0) {
+    row = choose_router(M, N, K, top_k, n_group, topk_group, sm, vec8);
+  }
   if (row == nullptr) {
     return ll_bf16_router_reference(x, w, bias_in, top_k, n_group, topk_group, renormalize,
                                     routed_scaling_factor);
@@ -71,8 +78,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cuda(
   return {weights, ids, logits};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cuda(
+    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
+    double routed_scaling_factor) {
+  return route_on_gpu(nullptr, x, w, bias, top_k, n_group, topk_group, renormalize,
+                      routed_scaling_factor);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_with_variant_cuda(
+    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
+    double routed_scaling_factor, const std::string& variant) {
+  return route_on_gpu(&router_row_by_name(variant), x, w, bias, top_k, n_group, topk_group,
+                      renormalize, routed_scaling_factor);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(kimi, CUDA, m) { m.impl("ll_bf16_router", &ll_bf16_router_cuda); }
+TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
+  m.impl("ll_bf16_router", &ll_bf16_router_cuda);
+  m.impl("ll_bf16_router_with_variant", &ll_bf16_router_with_variant_cuda);
+}
 
 }  // namespace kimi

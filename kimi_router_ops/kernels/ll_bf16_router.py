@@ -165,21 +165,7 @@ class LLBf16Router:
             if topk_group < n_group:
                 self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
 
-            best, slot = self._best_slot(keys)
-            my_id = Int32(0)  # lane i keeps the i-th pick
-            for i in cutlass.range(top_k, unroll=1):
-                top = cute.arch.warp_redux_sync(best, "umax")
-                candidate = Uint32(0xFFFFFFFF)
-                if best == top:
-                    candidate = (slot * WARP + lane).to(Uint32)
-                pick = cute.arch.warp_redux_sync(candidate, "umin").to(Int32)
-                if lane == i:
-                    my_id = pick
-                if (pick & (WARP - 1)) == lane:
-                    for j in cutlass.range_constexpr(slots):
-                        if slot == j:
-                            keys[j] = Uint32(0)
-                    best, slot = self._best_slot(keys)
+            my_id = self._pick(keys, lane, top_k)
 
             score = Float32(0.0)
             if lane < top_k:
@@ -191,6 +177,27 @@ class LLBf16Router:
             if lane < top_k:
                 weights[m, lane] = weight * scaling
                 ids[m, lane] = my_id
+
+    @cute.jit
+    def _pick(self, keys, lane, top_k) -> Int32:
+        """The top_k largest keys of the warp, largest first, ties to the lower expert id;
+        lane i returns the i-th pick's expert id."""
+        best, slot = self._best_slot(keys)
+        my_id = Int32(0)
+        for i in cutlass.range(top_k, unroll=1):
+            top = cute.arch.warp_redux_sync(best, "umax")
+            candidate = Uint32(0xFFFFFFFF)
+            if best == top:
+                candidate = (slot * WARP + lane).to(Uint32)
+            pick = cute.arch.warp_redux_sync(candidate, "umin").to(Int32)
+            if lane == i:
+                my_id = pick
+            if (pick & (WARP - 1)) == lane:
+                for j in cutlass.range_constexpr(self.slots):
+                    if slot == j:
+                        keys[j] = Uint32(0)
+                best, slot = self._best_slot(keys)
+        return my_id
 
     @cute.jit
     def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group):
@@ -234,3 +241,92 @@ class LLBf16Router:
             g = cutlass.min(e // group_size, 31)
             if ((kept >> g) & 1) == 0:
                 keys[j] = Uint32(0)
+
+
+class LLBf16RouterBranchless(LLBf16Router):
+    """The same routing with selects instead of branches, and a sigmoid from `ex2.approx`
+    and `rcp.approx` (about 3e-7 relative error instead of IEEE exp and divide).
+
+    In the first version each warp's lanes diverge at every expert slot (the compiler keeps
+    the per-slot `if`s as branches: each pick's winner clears its slot through a binary
+    search of branches, and rescans with one branch per slot), and a divergent branch
+    costs far more than a select. Here every lane runs the same straight-line code: keys
+    from a sign-mask flip, the per-lane maximum by a tree of selects (ties to the lower
+    slot), the picked slot cleared by a select in every slot, group maxima with fmax/fmin.
+    """
+
+    @cute.jit
+    def _sigmoid(self, v: Float32) -> Float32:
+        e = cute.arch.exp2(v * Float32(-1.4426950408889634))  # 2^(-v log2 e) = e^-v
+        return cute.arch.rcp_approx(Float32(1.0) + e)
+
+    @cute.jit
+    def _key(self, v: Float32) -> Uint32:
+        bits = v.bitcast(Int32)
+        flip = (bits >> 31) | Int32(-(2**31))  # all ones for negatives, the sign bit otherwise
+        return (bits ^ flip).bitcast(Uint32)
+
+    def _best_slot(self, keys):
+        # Plain Python (not staged), building a tree of selects over (key, slot) pairs; the
+        # left one of a pair holds the lower slots, so it wins ties.
+        level = [(keys[j], Int32(j)) for j in range(self.slots)]
+        while len(level) > 1:
+            merged = []
+            for a in range(0, len(level) - 1, 2):
+                (ka, sa), (kb, sb) = level[a], level[a + 1]
+                right = kb > ka
+                merged.append((Uint32(cutlass.select_(right, kb, ka)), Int32(cutlass.select_(right, sb, sa))))
+            if len(level) % 2:
+                merged.append(level[-1])
+            level = merged
+        return level[0]
+
+    @cute.jit
+    def _pick(self, keys, lane, top_k) -> Int32:
+        best, slot = self._best_slot(keys)
+        my_id = Int32(0)
+        for i in cutlass.range(top_k, unroll=1):
+            top = cute.arch.warp_redux_sync(best, "umax")
+            mine = (slot * WARP + lane).to(Uint32)
+            candidate = Uint32(cutlass.select_(best == top, mine, Uint32(0xFFFFFFFF)))
+            pick = cute.arch.warp_redux_sync(candidate, "umin").to(Int32)
+            my_id = Int32(cutlass.select_(lane == i, pick, my_id))
+            won = (pick & (WARP - 1)) == lane
+            for j in cutlass.range_constexpr(self.slots):
+                keys[j] = Uint32(cutlass.select_(won & (slot == j), Uint32(0), keys[j]))
+            best, slot = self._best_slot(keys)
+        return my_id
+
+    @cute.jit
+    def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group):
+        group_size = n_count // n_group
+        neg_inf = Float32(-float("inf"))
+        group_of = [cutlass.min((j * WARP + lane) // group_size, 31) for j in range(self.slots)]
+        group_key = Uint32(0)
+        for g in cutlass.range(n_group, unroll=1):
+            first = neg_inf
+            second = neg_inf
+            for j in cutlass.range_constexpr(self.slots):
+                inside = (group_of[j] == g) & (j * WARP + lane < n_count)
+                c = Float32(cutlass.select_(inside, choice[j], neg_inf))
+                second = cute.arch.fmax(second, cute.arch.fmin(first, c))
+                first = cute.arch.fmax(first, c)
+            for step in cutlass.range_constexpr(5):
+                offset = 16 >> step
+                other_first = cute.arch.shuffle_sync_bfly(first, offset)
+                other_second = cute.arch.shuffle_sync_bfly(second, offset)
+                low = cute.arch.fmin(first, other_first)
+                first = cute.arch.fmax(first, other_first)
+                second = cute.arch.fmax(low, cute.arch.fmax(second, other_second))
+            group_key = Uint32(cutlass.select_(lane == g, self._key(first + second), group_key))
+        kept = Int32(0)
+        for _ in cutlass.range(topk_group, unroll=1):
+            top = cute.arch.warp_redux_sync(group_key, "umax")
+            holders = cute.arch.vote_ballot_sync(group_key == top)
+            g = cute.arch.popc((holders & -holders) - 1)
+            kept = kept | (Int32(1) << g)
+            group_key = Uint32(cutlass.select_(lane == g, Uint32(0), group_key))
+        for j in cutlass.range_constexpr(self.slots):
+            dropped = ((kept >> group_of[j]) & 1) == 0
+            keys[j] = Uint32(cutlass.select_(dropped, Uint32(0), keys[j]))
+
