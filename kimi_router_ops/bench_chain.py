@@ -5,8 +5,8 @@ which waits on its own predecessor and then lets its dependents launch at once. 
 follows it in the same stream, so a PDL router can launch while the RMSNorm runs, and the
 prefetch variant can already be loading its weights. One CUDA graph holds one
 (RMSNorm, router) pair per distinct weight copy (cold L2); the result is the median time
-per pair. Compared: prefetch, no prefetch, PDL off, cuBLAS (torch.mm fp32 out), and the
-RMSNorm alone.
+per pair. Compared: prefetch (the whole first step, and windows of 1, 2, 4 and 8 of its 16
+loads per thread), no prefetch, PDL off, cuBLAS (torch.mm fp32 out), and the RMSNorm alone.
 """
 
 import argparse
@@ -47,6 +47,12 @@ def rms_norm_pdl():
 ROUTERS = {
     "prefetch (auto)": lambda h, w: kimi_router_ops.ll_bf16_gemm(h, w),
     "previous prefetch kernel (m1_prefetch)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1_prefetch"),
+    **{
+        f"prefetch window {n} (m1_prefetch_r4_t256_w{n})": (
+            lambda h, w, n=n: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, f"m1_prefetch_r4_t256_w{n}")
+        )
+        for n in (1, 2, 4, 8)
+    },
     "no prefetch (m1_r4_t256)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1_r4_t256"),
     "PDL off (m1_r4_t256_nopdl)": lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, "m1_r4_t256_nopdl"),
     "cuBLAS (torch.mm fp32)": lambda h, w: torch.mm(h, w.t(), out_dtype=torch.float32),

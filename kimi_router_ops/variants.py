@@ -23,13 +23,16 @@ class Dotprod:
     rows_per_cta: int
     unroll: int
     threads: int = 128
+    # Weight loads per thread before the PDL wait in a prefetch variant; 0: the whole
+    # first step (rows_per_cta * unroll).
+    prefetch_window: int = 0
     # Elements per load it is compiled for: 8 (16-byte vectors) where K, the row strides and
     # the pointers allow it, else 1 (scalar loads: any K, any alignment, same kernel).
     vecs = (8, 1)
 
     def prefetch_loads(self) -> int:
         """Global loads per thread before the PDL wait in a prefetch variant."""
-        return self.rows_per_cta * self.unroll
+        return self.prefetch_window or self.rows_per_cta * self.unroll
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,8 @@ def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefet
                    prefetch=prefetch, pdl=True, automatic=automatic)
 
 
-def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, automatic=False):
-    return Variant(name, m_lo, m_hi, 1, INT32_MAX, Dotprod(rows, unroll, threads),
+def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, automatic=False, window=0):
+    return Variant(name, m_lo, m_hi, 1, INT32_MAX, Dotprod(rows, unroll, threads, window),
                    prefetch=prefetch, pdl=pdl, automatic=automatic)
 
 
@@ -94,6 +97,10 @@ VARIANTS = (
     _dotprod("m1_prefetch_r2", 1, 1, rows=2, unroll=8),
     _dotprod("m1_prefetch", 1, 1, rows=1, unroll=8),
     _dotprod("m1_prefetch_r2_t512", 1, 1, rows=2, unroll=2, threads=512),
+    # The chosen M = 1 kernel with a smaller prefetch window (of its 16 loads per thread,
+    # only the first 1, 2, 4 or 8 go before the PDL wait): behind a producer, fewer early
+    # requests may crowd it less (bench_chain sweeps them).
+    *(_dotprod(f"m1_prefetch_r4_t256_w{w}", 1, 1, rows=4, unroll=4, threads=256, window=w) for w in (1, 2, 4, 8)),
     _dotprod("m8", 5, 8, rows=4, unroll=2, prefetch=False),
     _dotprod("m16", 9, 16, rows=4, unroll=1, prefetch=False),
     _mma("mma8_t2c4w8u7_noprefetch", 1, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),

@@ -35,6 +35,7 @@ class LLBf16Dotprod:
         prefetch: bool,
         pdl: bool,
         threads: int = 128,
+        prefetch_window: int = 0,
     ):
         if vec not in (1, 8):
             raise ValueError(f"vec must be 1 or 8, got {vec}")
@@ -48,6 +49,12 @@ class LLBf16Dotprod:
         self.pdl = pdl
         self.threads = threads
         self.num_warps = threads // cute.arch.WARP_SIZE
+        # Weight vectors per thread requested before the PDL wait: the first `window` of the
+        # first step's rows_per_cta * unroll (0: all of them). The rest follow the wait.
+        self.first_step_loads = rows_per_cta * unroll
+        self.prefetch_window = prefetch_window or self.first_step_loads
+        if not 1 <= self.prefetch_window <= self.first_step_loads:
+            raise ValueError(f"prefetch_window must be in [1, {self.first_step_loads}], got {prefetch_window}")
 
     @cute.jit
     def __call__(
@@ -78,10 +85,13 @@ class LLBf16Dotprod:
         cute.autovec_copy(aligned, dst)
 
     @cute.jit
-    def _load_weights(self, wv, w_regs, w_rows, kv_clamped):
+    def _load_weights(self, wv, w_regs, w_rows, kv_clamped, first=0, last=None):
+        """The step's weight loads number first..last-1 (in (u, r) order; default all)."""
+        last = self.first_step_loads if last is None else last
         for u in cutlass.range_constexpr(self.unroll):
             for r in cutlass.range_constexpr(self.rows_per_cta):
-                self._load_vec(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r])
+                if const_expr(first <= u * self.rows_per_cta + r < last):
+                    self._load_vec(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r])
 
     def _step_columns(self, s, tidx, kv_count):
         """This thread's vector columns in step s, and the same clamped into [0, kv_count)."""
@@ -126,7 +136,7 @@ class LLBf16Dotprod:
             # W does not depend on the kernel before us: issue the first step's weight loads
             # now, so they travel from HBM while we wait for hidden_states to be written.
             _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
-            self._load_weights(wv, w_regs, w_rows, first_columns)
+            self._load_weights(wv, w_regs, w_rows, first_columns, last=self.prefetch_window)
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
@@ -140,6 +150,8 @@ class LLBf16Dotprod:
             if const_expr(self.prefetch):
                 if s > 0:
                     self._load_weights(wv, w_regs, w_rows, kv_clamped)
+                elif const_expr(self.prefetch_window < self.first_step_loads):
+                    self._load_weights(wv, w_regs, w_rows, kv_clamped, first=self.prefetch_window)
             else:
                 self._load_weights(wv, w_regs, w_rows, kv_clamped)
             for u in cutlass.range_constexpr(unroll):
