@@ -200,6 +200,31 @@ class LLBf16Router:
         return my_id
 
     @cute.jit
+    def _warp_top2(self, first, second):
+        """The warp's two best of the lanes' (best, second best): a butterfly of merges."""
+        for step in cutlass.range_constexpr(5):
+            offset = 16 >> step
+            other_first = cute.arch.shuffle_sync_bfly(first, offset)
+            other_second = cute.arch.shuffle_sync_bfly(second, offset)
+            low = cute.arch.fmin(first, other_first)
+            first = cute.arch.fmax(first, other_first)
+            second = cute.arch.fmax(low, cute.arch.fmax(second, other_second))
+        return first, second
+
+    @cute.jit
+    def _best_groups(self, group_key, lane, topk_group) -> Int32:
+        """A bit mask of the topk_group groups with the largest keys (lane g holds group g's)."""
+        kept = Int32(0)
+        for _ in cutlass.range(topk_group, unroll=1):
+            top = cute.arch.warp_redux_sync(group_key, "umax")
+            holders = cute.arch.vote_ballot_sync(group_key == top)
+            g = cute.arch.popc((holders & -holders) - 1)  # the lowest group holding it
+            kept = kept | (Int32(1) << g)
+            if lane == g:
+                group_key = Uint32(0)
+        return kept
+
+    @cute.jit
     def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group):
         """Zero the keys of experts outside the topk_group best groups (n_group <= 32)."""
         group_size = n_count // n_group
@@ -218,24 +243,10 @@ class LLBf16Router:
                         first = c
                     elif c > second:
                         second = c
-            # The warp's two best values of this group: merge lane pairs in a butterfly.
-            for step in cutlass.range_constexpr(5):
-                offset = 16 >> step
-                other_first = cute.arch.shuffle_sync_bfly(first, offset)
-                other_second = cute.arch.shuffle_sync_bfly(second, offset)
-                low = cute.arch.fmin(first, other_first)
-                first = cute.arch.fmax(first, other_first)
-                second = cute.arch.fmax(low, cute.arch.fmax(second, other_second))
+            first, second = self._warp_top2(first, second)
             if lane == g:
                 group_key = self._key(first + second)
-        kept = Int32(0)
-        for _ in cutlass.range(topk_group, unroll=1):
-            top = cute.arch.warp_redux_sync(group_key, "umax")
-            holders = cute.arch.vote_ballot_sync(group_key == top)
-            g = cute.arch.popc((holders & -holders) - 1)  # the lowest group holding it
-            kept = kept | (Int32(1) << g)
-            if lane == g:
-                group_key = Uint32(0)
+        kept = self._best_groups(group_key, lane, topk_group)
         for j in cutlass.range_constexpr(self.slots):
             e = j * WARP + lane
             g = cutlass.min(e // group_size, 31)
@@ -311,21 +322,9 @@ class LLBf16RouterBranchless(LLBf16Router):
                 c = Float32(cutlass.select_(inside, choice[j], neg_inf))
                 second = cute.arch.fmax(second, cute.arch.fmin(first, c))
                 first = cute.arch.fmax(first, c)
-            for step in cutlass.range_constexpr(5):
-                offset = 16 >> step
-                other_first = cute.arch.shuffle_sync_bfly(first, offset)
-                other_second = cute.arch.shuffle_sync_bfly(second, offset)
-                low = cute.arch.fmin(first, other_first)
-                first = cute.arch.fmax(first, other_first)
-                second = cute.arch.fmax(low, cute.arch.fmax(second, other_second))
+            first, second = self._warp_top2(first, second)
             group_key = Uint32(cutlass.select_(lane == g, self._key(first + second), group_key))
-        kept = Int32(0)
-        for _ in cutlass.range(topk_group, unroll=1):
-            top = cute.arch.warp_redux_sync(group_key, "umax")
-            holders = cute.arch.vote_ballot_sync(group_key == top)
-            g = cute.arch.popc((holders & -holders) - 1)
-            kept = kept | (Int32(1) << g)
-            group_key = Uint32(cutlass.select_(lane == g, Uint32(0), group_key))
+        kept = self._best_groups(group_key, lane, topk_group)
         for j in cutlass.range_constexpr(self.slots):
             dropped = ((kept >> group_of[j]) & 1) == 0
             keys[j] = Uint32(cutlass.select_(dropped, Uint32(0), keys[j]))
