@@ -10,6 +10,9 @@
 
 namespace kimi {
 
+// Devices a process may use with these kernels (per-device state is kept in arrays).
+constexpr int kMaxDevices = 64;
+
 inline int device_sm(int device) {
   const cudaDeviceProp* props = at::cuda::getDeviceProperties(device);
   return props->major * 10 + props->minor;
@@ -37,7 +40,6 @@ class RelaxedCaptureMode {
 // GPUs it uses. Kernel is CompiledKernel or CompiledRouterKernel (kernel_abi.h).
 template <typename Kernel, size_t kCount>
 void ensure_loaded(const Kernel (&kernels)[kCount], int device) {
-  constexpr int kMaxDevices = 64;
   static cudaLibrary_t libraries[kCount];
   static std::once_flag kernel_once[kCount];
   static std::once_flag device_once[kMaxDevices];

@@ -52,8 +52,9 @@ int32_t* take(std::vector<int32_t*>& counters) {
 }  // namespace
 
 int32_t* router_counter(int device, cudaStream_t stream) {
-  static CounterPool pools[64];
-  TORCH_CHECK(device >= 0 && device < 64, "kimi_router_ops: device index ", device, " >= 64");
+  static CounterPool pools[kMaxDevices];
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "kimi_router_ops: device index ", device,
+              " >= ", kMaxDevices);
   CounterPool& pool = pools[device];
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check_cuda(cudaStreamIsCapturing(stream, &capture), "querying capture of", "the stream");
