@@ -50,4 +50,23 @@ struct CompiledRouterKernel {
   RouterLaunchFn launch;
 };
 
+// The norm kernels' arguments (kernels/rms_norm.py): x, residual, out, residual_out are
+// [M, K]; weight is [1, K]. rms_norm passes x as residual and out as residual_out (unused).
+struct NormArgs {
+  TensorArg x, residual, weight, out, residual_out;
+  float eps;
+};
+
+using NormLaunchFn = int32_t (*)(NormArgs* args, cudaStream_t stream);
+
+struct CompiledNormKernel {
+  const char* symbol;
+  bool add_residual;  // fused_add_rms_norm
+  int vec;
+  int sm;
+  ModuleFn init;
+  ModuleFn load_to_device;
+  NormLaunchFn launch;
+};
+
 }  // namespace kimi

@@ -6,9 +6,11 @@
 //   fused_add_rms_norm(x, residual, weight, eps) = (rms_norm(s, weight, eps), s),
 //       s = bf16( x + residual )                                    one rounding
 //
-// Every device runs this as ATen ops (the reference); a CUDA kernel launched with
-// programmatic dependent launch, so that a router kernel behind it can prefetch its
-// weights, is to take the CUDA key.
+// The CPU runs this as ATen ops (the reference); on Hopper and datacenter Blackwell the
+// CUDA key runs the CuTe DSL kernel (csrc/cuda/rms_norm_cuda.cpp), launched with
+// programmatic dependent launch so that a router kernel behind it can load its weights
+// while it runs. Its sum of squares is added in another order than ATen's, so r may differ
+// in the last fp32 bit and an output by one bf16 ulp; everything else is the same formula.
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -18,12 +20,12 @@
 #include <tuple>
 
 #include "ll_bf16_gemm.h"
+#include "rms_norm.h"
 
 namespace kimi {
 
-namespace {
-
-void check_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps) {
+void check_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor* residual,
+                       const at::Tensor& weight, double eps) {
   TORCH_CHECK_TYPE(x.scalar_type() == at::kBFloat16, op, ": x must be torch.bfloat16, got ",
                    dtype_name(x.scalar_type()));
   TORCH_CHECK_TYPE(weight.scalar_type() == at::kBFloat16, op,
@@ -37,33 +39,45 @@ void check_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor& we
               weight.device());
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op,
                     ": eps must be finite and >= 0, got ", eps);
+  if (residual != nullptr) {
+    TORCH_CHECK_TYPE(residual->scalar_type() == at::kBFloat16, op,
+                     ": residual must be torch.bfloat16, got ",
+                     dtype_name(residual->scalar_type()));
+    TORCH_CHECK_VALUE(residual->sizes() == x.sizes(), op,
+                      ": residual must have the shape of x ", x.sizes(), ", got ",
+                      residual->sizes());
+    TORCH_CHECK(residual->device() == x.device(), op,
+                ": x and residual must be on the same device, got ", x.device(), " and ",
+                residual->device());
+  }
 }
 
-at::Tensor normalize(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor r = at::rsqrt(xf.square().mean(-1, /*keepdim=*/true) + eps);
   return (xf * r * weight.to(at::kFloat)).to(at::kBFloat16);
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_norm_inputs("rms_norm", x, weight, eps);
-  return normalize(x, weight, eps);
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_reference(const at::Tensor& x,
+                                                                const at::Tensor& residual,
+                                                                const at::Tensor& weight,
+                                                                double eps) {
+  at::Tensor sum = (x.to(at::kFloat) + residual.to(at::kFloat)).to(at::kBFloat16);
+  return {rms_norm_reference(sum, weight, eps), sum};
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm(const at::Tensor& x,
-                                                      const at::Tensor& residual,
-                                                      const at::Tensor& weight, double eps) {
-  constexpr const char* op = "fused_add_rms_norm";
-  check_norm_inputs(op, x, weight, eps);
-  TORCH_CHECK_TYPE(residual.scalar_type() == at::kBFloat16, op,
-                   ": residual must be torch.bfloat16, got ", dtype_name(residual.scalar_type()));
-  TORCH_CHECK_VALUE(residual.sizes() == x.sizes(), op, ": residual must have the shape of x ",
-                    x.sizes(), ", got ", residual.sizes());
-  TORCH_CHECK(residual.device() == x.device(), op,
-              ": x and residual must be on the same device, got ", x.device(), " and ",
-              residual.device());
-  at::Tensor sum = (x.to(at::kFloat) + residual.to(at::kFloat)).to(at::kBFloat16);
-  return {normalize(sum, weight, eps), sum};
+namespace {
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_norm_inputs("rms_norm", x, nullptr, weight, eps);
+  return rms_norm_reference(x, weight, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cpu(const at::Tensor& x,
+                                                          const at::Tensor& residual,
+                                                          const at::Tensor& weight, double eps) {
+  check_norm_inputs("fused_add_rms_norm", x, &residual, weight, eps);
+  return fused_add_rms_norm_reference(x, residual, weight, eps);
 }
 
 }  // namespace
@@ -77,12 +91,8 @@ TORCH_LIBRARY_FRAGMENT(kimi, m) {
 }
 
 TORCH_LIBRARY_IMPL(kimi, CPU, m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
-}
-TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm);
+  m.impl("rms_norm", &rms_norm_cpu);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cpu);
 }
 // Inference ops: no derivative (backward raises).
 TORCH_LIBRARY_IMPL(kimi, Autograd, m) {

@@ -1,11 +1,17 @@
-"""A Kimi-K3-shaped MoE router in eager mode, under torch.compile and in a CUDA graph.
+"""The norm in front of an MoE layer and its router, in eager mode, under torch.compile and
+in a CUDA graph, the way a model should run them.
 
     python examples/moe_router.py                   # Kimi-K3 shape on the GPU, small on the CPU
-    python examples/moe_router.py --model kimi-k2 --tokens 4
+    python examples/moe_router.py --model deepseek-v3 --tokens 4
 
-Routing as in DeepSeek-V3-style models: sigmoid scores, a per-expert score-correction bias
-that steers the choice (not the weights), top-k experts, weights renormalized over the
-chosen experts and scaled. The three ways of running must choose the same experts.
+The producer -> router pattern: `fused_add_rms_norm` (residual add + RMSNorm) makes the
+router's hidden states, and `ll_bf16_router` turns them into expert ids and weights in one
+launch (DeepSeek-V3-style routing: sigmoid scores, a score-correction bias that steers the
+choice, grouped top-k, renormalized and scaled weights). Both kernels are launched with
+programmatic dependent launch: the router kernel starts while the norm still runs and, for
+one token, loads its first weights before it waits for the norm's output. A torch kernel in
+front of the router (F.rms_norm, say) never lets it start early. The three ways of running
+must choose the same experts.
 """
 
 import argparse
@@ -15,27 +21,32 @@ from torch import nn
 
 import kimi_router_ops
 
-MODELS = {  # hidden size, experts, experts per token
-    "kimi-k3": (7168, 896, 16),
-    "kimi-k2": (7168, 384, 8),
-    "deepseek-v3": (7168, 256, 8),
+MODELS = {  # hidden size, experts, experts per token, groups, groups kept, weight scale
+    "kimi-k3": (7168, 896, 16, 1, 1, 1.0),
+    "kimi-k2": (7168, 384, 8, 1, 1, 2.827),
+    "deepseek-v3": (7168, 256, 8, 8, 4, 2.5),
 }
 
 
-class MoERouter(nn.Module):
-    def __init__(self, hidden: int, experts: int, top_k: int, scaling: float = 2.5, device=None):
+class MoEGate(nn.Module):
+    """The post-attention norm and the router of one MoE layer."""
+
+    def __init__(self, hidden, experts, top_k, n_group, topk_group, scaling, eps=1e-6, device=None):
         super().__init__()
-        self.top_k = top_k
-        self.scaling = scaling
+        self.route = (top_k, n_group, topk_group, True, scaling)
+        self.eps = eps
+        self.norm_weight = nn.Parameter(torch.ones(hidden, dtype=torch.bfloat16, device=device))
         self.gate = kimi_router_ops.RouterLinear(hidden, experts, device=device)
         self.register_buffer("e_score_correction_bias", torch.zeros(experts, device=device))
 
-    def forward(self, hidden_states: torch.Tensor):
-        scores = torch.sigmoid(self.gate(hidden_states))  # fp32 logits straight from the op
-        chosen = torch.topk(scores + self.e_score_correction_bias, self.top_k, dim=-1).indices
-        weights = scores.gather(-1, chosen)
-        weights = weights / weights.sum(dim=-1, keepdim=True) * self.scaling
-        return chosen, weights
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor):
+        # The producer: residual add + RMSNorm, a PDL kernel (it lets the router launch now).
+        normed, residual = kimi_router_ops.fused_add_rms_norm(hidden_states, residual, self.norm_weight, self.eps)
+        # The router: logits, scores, grouped top-k and weights in one launch.
+        weights, ids, _ = kimi_router_ops.ll_bf16_router(
+            normed, self.gate.weight, self.e_score_correction_bias, *self.route
+        )
+        return ids, weights, normed, residual
 
 
 def main():
@@ -45,32 +56,35 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--small", action="store_true", help="hidden 256, experts 64 (default on the CPU)")
     args = parser.parse_args()
-    hidden, experts, top_k = MODELS[args.model]
+    hidden, experts, top_k, n_group, topk_group, scaling = MODELS[args.model]
     if args.small or args.device == "cpu":
         hidden, experts = 256, 64
     torch.manual_seed(0)
-    router = MoERouter(hidden, experts, top_k, device=args.device)
+    layer = MoEGate(hidden, experts, top_k, n_group, topk_group, scaling, device=args.device)
     with torch.no_grad():
-        router.e_score_correction_bias.uniform_(-0.05, 0.05)
+        layer.e_score_correction_bias.uniform_(-0.05, 0.05)
+        layer.norm_weight.uniform_(0.5, 1.5)
     x = torch.randn(args.tokens, hidden, device=args.device).to(torch.bfloat16)
+    residual = torch.randn(args.tokens, hidden, device=args.device).to(torch.bfloat16)
 
     with torch.no_grad():
-        eager = router(x)
-        compiled = torch.compile(router, fullgraph=True)(x)
+        eager = layer(x, residual)
+        compiled = torch.compile(layer, fullgraph=True)(x, residual)
         results = {"eager": eager, "torch.compile": compiled}
         if args.device != "cpu":
-            static_x = x.clone()
-            router(static_x)  # load the kernels before capture
+            static = (x.clone(), residual.clone())
+            layer(*static)  # load the kernels before capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                graphed = router(static_x)
+                graphed = layer(*static)
             graph.replay()
             torch.cuda.synchronize()
             results["CUDA graph"] = graphed
 
+    kernel = kimi_router_ops.chosen_router_variant(args.tokens, experts, hidden, top_k, n_group, topk_group)
     print(f"{args.model}: {args.tokens} token(s), hidden {hidden}, {experts} experts, top-{top_k}, "
-          f"on {args.device} (kernel {kimi_router_ops.chosen_variant(args.tokens, experts, hidden)} on sm_90)")
-    for name, (chosen, weights) in results.items():
+          f"on {args.device} (router kernel {kernel} on sm_90)")
+    for name, (chosen, weights, _, _) in results.items():
         same = torch.equal(chosen, eager[0])
         close = torch.allclose(weights, eager[1], rtol=1e-5, atol=1e-6)
         print(f"  {name:<14} experts {chosen[0].tolist()}  same as eager: {same and close}")

@@ -85,8 +85,11 @@ VARIANTS = (
     # M = 2..16: tensor cores, 32 experts per CTA, K split over the CTAs of a cluster and
     # their warps so that each warp owns 7 chunks of 32 (K = 7168) and loads them at once.
     _mma("mma8_t2c4w8u7", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, automatic=True),
-    _mma("mma16_t2c4w8u7", 9, 16, 320, 511, tiles=2, cluster_k=4, warps=8, unroll=7, automatic=True),
-    _mma("mma16_t2c8w4u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=8, warps=4, unroll=7, automatic=True),
+    # M = 9..16: the same with 16 tokens a tile. (mma16_t2c8w4u7, half the warps and twice
+    # the CTAs of a cluster, was chosen before for N outside 320..511; this one measured
+    # 0.0-0.26 us faster there at d0c137e, and its 8 warps route twice as many tokens at
+    # once in the fused router.)
+    _mma("mma16_t2c4w8u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, automatic=True),
     # M = 2..4 when 16-byte loads are impossible (odd K, misaligned rows): the dot product
     # with scalar loads. Larger such M go to cuBLAS.
     _dotprod("m2", 2, 2, rows=2, unroll=4, prefetch=False, automatic=True),
@@ -107,6 +110,7 @@ VARIANTS = (
     _mma("mma8_t2c4w8u8", 1, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=8),
     _mma("mma8_t1c8w8u4", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
     _mma("mma16_t1c8w8u4", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
+    _mma("mma16_t2c8w4u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=8, warps=4, unroll=7),
 )
 
 
@@ -115,7 +119,7 @@ VARIANTS = (
 class RouterVariant:
     """The fused router (kernels/ll_bf16_router.py): the GEMM row `gemm`, then routing by
     the grid's last CTA. Chosen for m_lo <= M <= m_hi and n_min <= N <= n_max (first match);
-    n_max also bounds the experts a warp routes (compiled in)."""
+    n_max also sets the experts a lane holds (n_max / 32, compiled in)."""
 
     name: str
     gemm: str  # a row of VARIANTS
@@ -124,28 +128,34 @@ class RouterVariant:
     n_min: int
     n_max: int
     automatic: bool = True  # False: run only when asked for by name
-    branchless: bool = False  # routing with selects only (LLBf16RouterBranchless)
 
 
-def _router_bl(gemm, m_lo, m_hi, n_max):
-    return RouterVariant(f"router_{gemm}_bl_n{n_max}", gemm, m_lo, m_hi, 1, n_max,
-                         automatic=False, branchless=True)
-
-
-# Each fuses the GEMM row that the GEMM op picks for the same M and N. The automatic rows
-# are the measured ones (docs/benchmarks.md, "The whole router"); the branchless rows,
-# named only, wait for their first GPU measurement (slots sized to N: 8 for DeepSeek-V3,
-# 12 for Kimi-K2, 28 of 32 for Kimi-K3).
-ROUTER_VARIANTS = (
-    RouterVariant("router_m1_prefetch_r4_t256", "m1_prefetch_r4_t256", 1, 1, 1, 1024),
-    RouterVariant("router_mma8_t2c4w8u7", "mma8_t2c4w8u7", 2, 8, 1, 1024),
-    RouterVariant("router_mma16_t2c4w8u7", "mma16_t2c4w8u7", 9, 16, 320, 511),
-    RouterVariant("router_mma16_t2c8w4u7", "mma16_t2c8w4u7", 9, 16, 1, 1024),
-    *(_router_bl(gemm, m_lo, m_hi, n_max)
-      for gemm, m_lo, m_hi in (("m1_prefetch_r4_t256", 1, 1), ("mma8_t2c4w8u7", 2, 8),
-                               ("mma16_t2c4w8u7", 9, 16), ("mma16_t2c8w4u7", 9, 16))
-      for n_max in (256, 384, 1024)),
+# Each fuses the GEMM row that the GEMM op picks for the same M and N (so the logits are
+# the GEMM op's, bit for bit), in three sizes: a lane's share of the experts is a chain of
+# instructions in one warp, so each N range gets its own (8 experts a lane for
+# DeepSeek-V3, 12 for Kimi-K2, 32 up to 1024 experts; docs/benchmarks.md, "The whole router").
+ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 1024))
+ROUTER_VARIANTS = tuple(
+    RouterVariant(f"router_{gemm}_n{n_max}", gemm, m_lo, m_hi, n_min, n_max)
+    for gemm, m_lo, m_hi in (("m1_prefetch_r4_t256", 1, 1), ("mma8_t2c4w8u7", 2, 8), ("mma16_t2c4w8u7", 9, 16))
+    for n_min, n_max in ROUTER_N_RANGES
 )
+@dataclass(frozen=True)
+class NormKernel:
+    """A PDL-launched RMSNorm (kernels/rms_norm.py): `op` is rms_norm or fused_add_rms_norm;
+    vec 8 (16-byte loads: K % 8 == 0, aligned rows) or 1 (any K, any alignment). One CTA of
+    `threads` per row; a step loads `unroll` vectors per thread at once (8 x 128 x 8 = 8192
+    elements: a 7168-wide row in one step)."""
+
+    op: str
+    vec: int
+    threads: int = 128
+    unroll: int = 8
+
+
+NORM_KERNELS = tuple(NormKernel(op, vec) for op in ("rms_norm", "fused_add_rms_norm") for vec in (8, 1))
+
+
 # The router's top_k ids are spread over the lanes of a warp, its group scores too.
 ROUTER_MAX_TOP_K = 32
 ROUTER_MAX_GROUPS = 32
@@ -176,6 +186,16 @@ def router_kernel_symbol(router: RouterVariant, bias_dtype: str, arch: str) -> s
 def compiled_router_kernels():
     """Every (router variant, bias dtype, arch, sm) the build compiles, in table order."""
     return [(r, dt, arch, sm) for arch, sm in ARCHS for r in ROUTER_VARIANTS for dt in BIAS_DTYPES]
+
+
+def norm_kernel_symbol(norm: NormKernel, arch: str) -> str:
+    """e.g. kimi_fused_add_rms_norm_v8_sm_90a."""
+    return f"kimi_{norm.op}_v{norm.vec}_{arch}"
+
+
+def compiled_norm_kernels():
+    """Every (norm kernel, arch, sm) the build compiles."""
+    return [(k, arch, sm) for arch, sm in ARCHS for k in NORM_KERNELS]
 
 
 def compiled_kernels():

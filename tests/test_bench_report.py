@@ -35,13 +35,17 @@ def test_sweep_markdown_ranks_forced_variants_per_case():
     ]
 
 
-def test_chain_markdown_signs_the_change():
-    times = {"prefetch (auto)": 4.0, "no prefetch (m1_r4_t256)": 5.0}
-    results = [{"shape": "kimi-k2", "impl": "RMSNorm alone", "us": 1.4}] + [
-        {"shape": "kimi-k2", "impl": name, "us": times.get(name, 6.0)} for name in bench_chain.ROUTERS
-    ]
-    text = bench_chain.markdown({"gpu": "GPU", "torch": "t", "commit": "abc", "results": results})
-    assert text.splitlines()[-1].endswith("| -20.0% |")
+def test_chain_markdown_signs_the_change_and_the_overlap():
+    def cell(pair, alone):
+        return {"alone": alone, "pair": pair, "overlap": round(1.5 + alone - pair, 3)}
+
+    row = {"shape": "kimi-k2", "M": 1, "norm alone": 1.5, "F.rms_norm alone": 2.0, "baseline pair": 8.0}
+    row.update({name: cell(6.0, 3.0) for name in bench_chain.routers(1)})
+    row["prefetch (auto)"], row["no prefetch"] = cell(4.0, 2.5), cell(5.0, 2.5)
+    text = bench_chain.markdown({"gpu": "GPU", "torch": "t", "commit": "abc", "date": "d", "results": [row]})
+    line = next(line for line in text.splitlines() if line.startswith("| kimi-k2"))
+    assert "| 4.00 (2.50, +0.00) |" in line and "| 5.00 (2.50, -1.00) |" in line
+    assert line.endswith("| 8.00 | -20.0% | +1.50 | 2.00x |")
 
 
 def test_router_bench_baseline_routes_like_the_op():

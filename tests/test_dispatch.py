@@ -58,9 +58,8 @@ def test_automatic_rows_cover_1_to_their_largest_m_exactly_once(n):
         (1, 256, 7168, 100, True, "m1_prefetch_r4_t256:vec8"),
         (2, 896, 7168, 90, True, "mma8_t2c4w8u7:vec8"),
         (8, 256, 7168, 100, True, "mma8_t2c4w8u7:vec8"),
-        (9, 896, 7168, 90, True, "mma16_t2c8w4u7:vec8"),
-        (16, 384, 7168, 90, True, "mma16_t2c4w8u7:vec8"),  # Kimi-K2's N has its own row
-        (16, 256, 7168, 90, True, "mma16_t2c8w4u7:vec8"),
+        (9, 896, 7168, 90, True, "mma16_t2c4w8u7:vec8"),
+        (16, 256, 7168, 100, True, "mma16_t2c4w8u7:vec8"),
         (17, 896, 7168, 90, True, "cublas"),
         (4096, 896, 7168, 90, True, "cublas"),
         (1, 896, 7168, 80, True, "cublas"),  # Ampere: no kernels
@@ -91,9 +90,13 @@ def router_symbols():
     return [variants.router_kernel_symbol(r, dt, arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
 
 
+def norm_symbols():
+    return [variants.norm_kernel_symbol(k, arch) for k, arch, _ in variants.compiled_norm_kernels()]
+
+
 @requires_cuda_build
 def test_every_variant_is_linked_for_every_arch():
-    assert kimi_router_ops.compiled_kernels() == gemm_symbols() + router_symbols()
+    assert kimi_router_ops.compiled_kernels() == gemm_symbols() + router_symbols() + norm_symbols()
     archs = {arch for arch, _ in variants.ARCHS}
     assert archs == {"sm_90a", "sm_100a"}
     assert len(gemm_symbols()) == sum(len(v.kernel.vecs) for v in variants.VARIANTS) * len(variants.OUT_DTYPES) * len(archs)
@@ -112,6 +115,7 @@ def test_router_rows_fuse_existing_gemm_rows():
 def test_aot_objects_present():
     pairs = [(variants.kernel_symbol(v, vec, dt, arch), arch) for v, vec, dt, arch, _ in variants.compiled_kernels()]
     pairs += [(variants.router_kernel_symbol(r, dt, arch), arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
+    pairs += [(variants.norm_kernel_symbol(k, arch), arch) for k, arch, _ in variants.compiled_norm_kernels()]
     for symbol, arch in pairs:
         for suffix in (".o", ".h", ".ptx"):
             assert (AOT_DIR / arch / f"{symbol}{suffix}").stat().st_size > 0, f"{arch}/{symbol}{suffix}"
@@ -169,6 +173,26 @@ def test_ptx_prefetch_loads_read_the_weight_pointer():
     bases = {dst: base for dst, base in adds}
     assert load_addrs and all(bases.get(a) == weight_base for a in load_addrs)
     assert all(bases.get(a) != x_base for a in load_addrs)
+
+
+@requires_cuda_build
+@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+def test_ptx_norm_kernels_signal_at_entry_and_read_only_their_weight_before_the_wait(arch):
+    """The norm lets a router behind it launch at once, and before its grid-dependency wait
+    it reads nothing an earlier kernel writes: only one step of the norm weight (param 2)."""
+    for norm, a, _ in variants.compiled_norm_kernels():
+        if a != arch:
+            continue
+        ptx = ptx_body(variants.norm_kernel_symbol(norm, arch), arch)
+        head = ptx.partition("griddepcontrol.wait")[0]
+        assert "griddepcontrol.launch_dependents" in head
+        assert len(global_loads_before_wait(ptx)) == norm.unroll
+        params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
+        assert "2" in params.values(), params
+        loaded = re.findall(r"ld\.global[.\w]*\s+(?:\{[^}]*\}|%[\w]+), \[(%rd\d+)\];", head)
+        bases = dict(re.findall(r"add\.s64\s+(%rd\d+), (%rd\d+), %rd\d+;", head))
+        weight = next(reg for reg, p in params.items() if p == "2")
+        assert loaded and all(a == weight or bases.get(a) == weight for a in loaded), (loaded, bases)
 
 
 def mma_kernels(arch="sm_90a"):

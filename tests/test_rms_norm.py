@@ -152,3 +152,116 @@ def test_cuda_graph_replay_sees_updated_inputs():
         torch.cuda.synchronize()
         expected = kimi_router_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
         assert torch.equal(normed, expected[0]) and torch.equal(residual_out, expected[1])
+
+
+def gpu_and_cpu(op, *tensors, eps):
+    """The op on the GPU and its CPU reference on the same values."""
+    fn = getattr(kimi_router_ops, op)
+    out, ref = fn(*tensors, eps), fn(*(t.cpu() for t in tensors), eps)
+    return ((out,), (ref,)) if op == "rms_norm" else (out, ref)
+
+
+@requires_kernel_gpu
+@settings(max_examples=80, deadline=None)
+@given(m=st.integers(0, 16), k=st.integers(1, 9000), offset=st.sampled_from([0, 0, 1]),
+       scale=st.floats(1e-3, 1e3), eps=st.sampled_from([1e-6, 1e-5, 0.0]),
+       fused=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_property_cuda_kernel_matches_the_reference(m, k, offset, scale, eps, fused, seed):
+    """The kernel (16-byte loads where K and the pointers allow, scalar loads otherwise: an
+    odd K or a view one element in) against the CPU reference: the sum s bitwise, the norm
+    within one bf16 ulp (its sum of squares is added in another order), and F.rms_norm."""
+    g = torch.Generator().manual_seed(seed)
+    x = random_bf16(m, k + offset, scale=scale, generator=g).cuda()[:, offset:]
+    residual = random_bf16(m, k, scale=scale, generator=g).cuda()
+    weight = random_bf16(k, generator=g).cuda()
+    if fused:
+        out, ref = gpu_and_cpu("fused_add_rms_norm", x, residual, weight, eps=eps)
+        assert torch.equal(out[1].cpu(), ref[1])
+        normed_input = ref[1]
+    else:
+        out, ref = gpu_and_cpu("rms_norm", x, weight, eps=eps)
+        normed_input = x.cpu()
+    assert out[0].shape == (m, k) and out[0].dtype == torch.bfloat16 and out[0].is_contiguous()
+    assert ulps(out[0], ref[0]) <= 1
+    assert ulps(out[0], F.rms_norm(normed_input, (k,), weight.cpu(), eps)) <= 1
+
+
+@requires_kernel_gpu
+@pytest.mark.parametrize("m", [1, 16])
+def test_cuda_kernel_mostly_bitwise_equal_to_the_reference(m):
+    """Where the sums of squares round alike (almost always), the outputs are the same bits."""
+    x, weight = random_bf16(m, 7168, device="cuda"), random_bf16(7168, device="cuda")
+    out = kimi_router_ops.rms_norm(x, weight, 1e-6).cpu()
+    ref = kimi_router_ops.rms_norm(x.cpu(), weight.cpu(), 1e-6)
+    assert ulps(out, ref) <= 1
+    assert (out != ref).float().mean().item() < 0.01
+
+
+@requires_kernel_gpu
+def test_cuda_kernel_bitwise_deterministic_and_functional():
+    x, residual = random_bf16(16, 7168, device="cuda"), random_bf16(16, 7168, device="cuda")
+    weight = random_bf16(7168, device="cuda")
+    before = (x.clone(), residual.clone())
+    first = kimi_router_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+    for _ in range(10):
+        again = kimi_router_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    assert torch.equal(x, before[0]) and torch.equal(residual, before[1])
+
+
+@requires_kernel_gpu
+def test_cuda_non_contiguous_inputs():
+    base = random_bf16(7168, 4, device="cuda")
+    x = base.t()  # [4, 7168], stride along K is 4: copied once to a unit stride
+    weight = random_bf16(2 * 7168, device="cuda")[::2]
+    out = kimi_router_ops.rms_norm(x, weight, 1e-6)
+    assert ulps(out, formula(x, weight, 1e-6)) <= 1
+
+
+@requires_kernel_gpu
+def test_cuda_graph_capture_as_first_call_in_fresh_process():
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import torch, kimi_router_ops
+        x = torch.randn(2, 7168, device="cuda").bfloat16()
+        r = torch.randn(2, 7168, device="cuda").bfloat16()
+        w = torch.rand(7168, device="cuda").bfloat16()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # the op's very first call: kernels load inside capture
+            normed, summed = kimi_router_ops.fused_add_rms_norm(x, r, w, 1e-6)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = kimi_router_ops.fused_add_rms_norm(x.cpu(), r.cpu(), w.cpu(), 1e-6)
+        assert torch.equal(summed.cpu(), ref[1])
+        diff = (normed.cpu().view(torch.int16).int() - ref[0].view(torch.int16).int()).abs().max()
+        assert diff <= 1, diff
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+@requires_kernel_gpu
+@pytest.mark.parametrize("m", [1, 4])
+def test_norm_then_router_in_a_graph(m):
+    """The producer -> router pair as a model runs it (both PDL-launched, one stream, one
+    graph): the router reads the norm's output, never a stale one."""
+    k, n = 7168, 384
+    x, residual = random_bf16(m, k, device="cuda"), random_bf16(m, k, device="cuda")
+    norm_weight, w = random_bf16(k, device="cuda"), random_bf16(n, k, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream()):
+        hidden, _ = kimi_router_ops.fused_add_rms_norm(x, residual, norm_weight, 1e-6)
+        logits = kimi_router_ops.ll_bf16_gemm(hidden, w)
+    for _ in range(20):
+        x.copy_(random_bf16(m, k, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = kimi_router_ops.ll_bf16_gemm(kimi_router_ops.fused_add_rms_norm(x, residual, norm_weight, 1e-6)[0], w)
+        assert torch.equal(logits, expected)

@@ -387,14 +387,14 @@ def test_property_cuda_forced_rows(problem, row, renormalize):
 @requires_kernel_gpu
 def test_forced_router_variant_that_cannot_serve_is_an_error():
     x, w, bias = make_case(4, 384, 7168, 8, 1, 1, device="cuda")
-    small = next(r for r in variants.ROUTER_VARIANTS if r.n_max == 256)
+    small = next(r for r in variants.ROUTER_VARIANTS if r.n_max == 256 and r.m_lo <= 4 <= r.m_hi)
     with pytest.raises(ValueError, match=f"variant {small.name} routes N <= 256 experts, got N = 384"):
         kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, small.name)
     m1 = variants.ROUTER_VARIANTS[0]
     with pytest.raises(ValueError, match=f"variant {m1.name} handles 1 <= M <= 1, got M = 4"):
         kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, m1.name)
     with pytest.raises(ValueError, match="picks top_k <= 32, got 33"):
-        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 33, 1, 1, True, 1.0, "router_mma8_t2c4w8u7")
+        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 33, 1, 1, True, 1.0, "router_mma8_t2c4w8u7_n384")
     check_router(kimi_router_ops.ll_bf16_router(x, w, bias, 8), x, w, bias, 8, 1, 1, True, 1.0)
 
 

@@ -1,4 +1,5 @@
-"""Every kernel variant over odd shapes, and every fused router row, for compute-sanitizer
+"""Every kernel variant over odd shapes, every fused router row and the norm kernels, for
+compute-sanitizer
 (tools/device_run.sh sanitize).
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 tools/sanitize.py
@@ -20,11 +21,13 @@ N_LIST = (1, 3, 17, 895)
 K_LIST = (1, 7, 8, 40, 1000, 7169, 7176)
 # Fused router: (N, K, top_k, n_group, topk_group), an odd small case and the real configs.
 ROUTER_CASES = ((17, 40, 3, 1, 1), (256, 7168, 8, 8, 4), (384, 7168, 8, 1, 1), (896, 7168, 16, 1, 1))
+# Norm: (M, K) with K past one step of 16-byte loads (8192), odd K (scalar loads), one row.
+NORM_SHAPES = ((1, 7168), (16, 7168), (3, 9000), (2, 7169), (5, 1), (1, 40))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="variants whose name starts with this")
+    parser.add_argument("--only", default="", help="variants whose name starts with this (\"norm\": the norm kernels)")
     parser.add_argument("--shapes", nargs="+", help="N,K pairs instead of the full list")
     args = parser.parse_args()
     shapes = [(n, k) for n in N_LIST for k in K_LIST] + [(896, 7168)]
@@ -71,6 +74,20 @@ def main():
                         print(f"{r.name} m={m} n={n}: routing differs from the CPU reference")
                         sys.exit(1)
                     calls += 1
+    if args.only in ("", "norm"):
+        for m, k in NORM_SHAPES:
+            x, residual, weight = torch.randn(m, k).to(torch.bfloat16), torch.randn(m, k).to(torch.bfloat16), torch.rand(k).to(torch.bfloat16)
+            for offset in (0, 1):  # a view one element in: misaligned, scalar loads
+                xs = torch.randn(m, k + offset).to(torch.bfloat16)[:, offset:]
+                got = kimi_router_ops.rms_norm(xs.cuda(), weight.cuda(), 1e-6).cpu()
+                normed, summed = kimi_router_ops.fused_add_rms_norm(x.cuda(), residual.cuda(), weight.cuda(), 1e-6)
+                ref_normed, ref_summed = kimi_router_ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+                bad = (ulps(got, kimi_router_ops.rms_norm(xs, weight, 1e-6)) > 1 or ulps(normed.cpu(), ref_normed) > 1
+                       or not torch.equal(summed.cpu(), ref_summed))
+                if bad:
+                    print(f"norm m={m} k={k}: differs from the CPU reference")
+                    sys.exit(1)
+                calls += 2
     torch.cuda.synchronize()
     print(f"{calls} kernel calls, worst fp32 error {worst:.2e} (relative to sum |x w|)")
     if worst > 1e-5:
@@ -82,6 +99,11 @@ def gemm_error(out, x, w):
     ref = x.double() @ w.double().t()
     scale = x.double().abs() @ w.double().abs().t()
     return ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
+
+
+def ulps(a, b):
+    """Largest distance in bf16 units in the last place (same-sign finite values)."""
+    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max().item()
 
 
 if __name__ == "__main__":

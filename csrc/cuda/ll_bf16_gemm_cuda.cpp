@@ -21,6 +21,9 @@ std::vector<std::string> compiled_kernel_symbols() {
   for (const CompiledRouterKernel& kernel : kCompiledRouterKernels) {
     symbols.emplace_back(kernel.symbol);
   }
+  for (const CompiledNormKernel& kernel : kCompiledNormKernels) {
+    symbols.emplace_back(kernel.symbol);
+  }
   return symbols;
 }
 

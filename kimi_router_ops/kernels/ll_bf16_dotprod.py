@@ -49,6 +49,8 @@ class LLBf16Dotprod:
         self.pdl = pdl
         self.threads = threads
         self.num_warps = threads // cute.arch.WARP_SIZE
+        # CTAs an SM holds: ptxas gives every variant at most 128 registers a thread.
+        self.ctas_per_sm = max(1, 65536 // (128 * threads))
         # Weight vectors per thread requested before the PDL wait: the first `window` of the
         # first step's rows_per_cta * unroll (0: all of them). The rest follow the wait.
         self.first_step_loads = rows_per_cta * unroll

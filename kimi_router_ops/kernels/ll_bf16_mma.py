@@ -59,6 +59,7 @@ class LLBf16Mma:
         self.prefetch = prefetch
         self.pdl = pdl
         self.threads = warps * cute.arch.WARP_SIZE
+        self.ctas_per_sm = 1  # about 200 registers a thread (ptxas), 8 warps
         self.experts = TILE_E * tiles  # experts per CTA
         self.token_blocks = max_m // TILE_T
         self.outputs = self.experts * max_m  # partial sums per CTA

@@ -42,6 +42,7 @@ class LLBf16Router:
         self.n_max = n_max
         self.slots = (n_max + WARP - 1) // WARP  # choice values per lane
         self.warps = gemm.threads // WARP
+        self.ctas_per_sm = gemm.ctas_per_sm
 
     @cute.jit
     def __call__(
@@ -64,10 +65,15 @@ class LLBf16Router:
         xv, wv = self.gemm.vector_views(x, w)
         shape = self.gemm.launch_shape(w.shape[0])
         shape["smem"] += 16  # the last-CTA flag, after the GEMM's own shared memory
+        # As many CTAs per SM as the GEMM kernel alone gets: the routing's registers must not
+        # lower the GEMM's occupancy (with 32 experts a lane they would halve the dot
+        # product's, and Kimi-K3's 224 CTAs would run in two waves). The carveout is the
+        # driver default; naming it keeps the build from querying a GPU.
         self.kernel(
             xv, wv, bias, logits, weights, ids, counter,
             top_k, n_group, topk_group, renormalize, has_bias, scaling,
-        ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl)
+        ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
+                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=-1)
 
     @cute.kernel
     def kernel(
@@ -110,27 +116,19 @@ class LLBf16Router:
 
     @cute.jit
     def _sigmoid(self, v: Float32) -> Float32:
-        return Float32(1.0) / (Float32(1.0) + cute.math.exp(-v))
+        # ex2.approx and rcp.approx: about 3e-7 relative error, a handful of instructions
+        # instead of IEEE exp and divide (each token's routing runs on one warp, so its
+        # latency is the length of its instruction chain).
+        e = cute.arch.exp2(v * Float32(-1.4426950408889634))  # 2^(-v log2 e) = e^-v
+        return cute.arch.rcp_approx(Float32(1.0) + e)
 
     @cute.jit
     def _key(self, v: Float32) -> Uint32:
-        """An unsigned key that orders like the float (for finite values and infinities)."""
-        bits = v.bitcast(Uint32)
-        key = bits | Uint32(0x80000000)
-        if (bits & Uint32(0x80000000)) != Uint32(0):
-            key = ~bits
-        return key
-
-    @cute.jit
-    def _best_slot(self, keys):
-        """This lane's largest key and its slot; ties to the lower slot (lower expert id)."""
-        best = keys[0]
-        slot = Int32(0)
-        for j in cutlass.range_constexpr(1, self.slots):
-            if keys[j] > best:
-                best = keys[j]
-                slot = Int32(j)
-        return best, slot
+        """An unsigned key that orders like the float (finite values and infinities): the
+        sign bit set for positives, every bit flipped for negatives."""
+        bits = v.bitcast(Int32)
+        flip = (bits >> 31) | Int32(-(2**31))
+        return (bits ^ flip).bitcast(Uint32)
 
     @cute.jit
     def _route(self, logits, bias, weights, ids, top_k, n_group, topk_group, renormalize,
@@ -140,36 +138,32 @@ class LLBf16Router:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         m_count = logits.shape[0]
         n_count = logits.shape[1]
-        choice = cute.make_rmem_tensor((slots,), Float32)
+        scores = cute.make_rmem_tensor((slots,), Float32)
+        choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
         keys = cute.make_rmem_tensor((slots,), Uint32)
-        logit_regs = cute.make_rmem_tensor((slots,), Float32)
-        bias_regs = cute.make_rmem_tensor((slots,), Float32)
         for m in cutlass.range(warp, m_count, self.warps, unroll=1):
             # Every load first, with no branch between them, so that they are all in flight
             # at once: one L2 round trip, not one per expert. (Without a bias the pointer is
             # a stand-in that is valid to read; the values go unused.)
             for j in cutlass.range_constexpr(slots):
                 ec = cutlass.min(j * WARP + lane, n_count - 1)
-                logit_regs[j] = logits[m, ec]
-                bias_regs[j] = bias[0, ec].to(Float32)
+                scores[j] = logits[m, ec]
+                choice[j] = bias[0, ec].to(Float32)
             for j in cutlass.range_constexpr(slots):
-                e = j * WARP + lane
-                c = self._sigmoid(logit_regs[j])
-                if has_bias != 0:
-                    c = c + bias_regs[j]
+                s = self._sigmoid(scores[j])
+                scores[j] = s
+                c = s + Float32(cutlass.select_(has_bias != 0, choice[j], Float32(0.0)))
                 choice[j] = c
-                keys[j] = Uint32(0)  # never picked: top_k <= the experts that remain
-                if e < n_count:
-                    keys[j] = self._key(c)
+                # Key 0 is "no expert": never picked (top_k <= the experts that remain).
+                keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
 
             if topk_group < n_group:
-                self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
+                if n_count == n_group * WARP:
+                    self._mask_slot_groups(choice, keys, lane, n_group, topk_group)
+                else:
+                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
 
-            my_id = self._pick(keys, lane, top_k)
-
-            score = Float32(0.0)
-            if lane < top_k:
-                score = self._sigmoid(logits[m, my_id])
+            my_id, score = self._pick(keys, scores, lane, top_k)
             weight = score
             if renormalize != 0:
                 total = cute.arch.warp_reduction_sum(score)
@@ -179,25 +173,62 @@ class LLBf16Router:
                 ids[m, lane] = my_id
 
     @cute.jit
-    def _pick(self, keys, lane, top_k) -> Int32:
-        """The top_k largest keys of the warp, largest first, ties to the lower expert id;
-        lane i returns the i-th pick's expert id."""
-        best, slot = self._best_slot(keys)
-        my_id = Int32(0)
+    def _lane_top2(self, keys, scores, after_key, after_slot):
+        """This lane's two best experts that come after (after_key, after_slot) in the order
+        (key descending, slot ascending), as (key, slot, score) each; key 0: none."""
+        first_key, first_slot, first_score = Uint32(0), Int32(0), Float32(0.0)
+        second_key, second_slot, second_score = Uint32(0), Int32(0), Float32(0.0)
+        for j in cutlass.range_constexpr(self.slots):
+            later = (keys[j] < after_key) | ((keys[j] == after_key) & (Int32(j) > after_slot))
+            k = Uint32(cutlass.select_(later, keys[j], Uint32(0)))
+            # Strictly greater: of equal keys the lower slot (lower expert id) stays ahead.
+            beats_first = k > first_key
+            beats_second = k > second_key
+            second_key = Uint32(cutlass.select_(beats_first, first_key, cutlass.select_(beats_second, k, second_key)))
+            second_slot = Int32(cutlass.select_(beats_first, first_slot, cutlass.select_(beats_second, Int32(j), second_slot)))
+            second_score = Float32(cutlass.select_(beats_first, first_score, cutlass.select_(beats_second, scores[j], second_score)))
+            first_key = Uint32(cutlass.select_(beats_first, k, first_key))
+            first_slot = Int32(cutlass.select_(beats_first, Int32(j), first_slot))
+            first_score = Float32(cutlass.select_(beats_first, scores[j], first_score))
+        return first_key, first_slot, first_score, second_key, second_slot, second_score
+
+    @cute.jit
+    def _pick(self, keys, scores, lane, top_k):
+        """The warp's top_k largest keys, largest first, ties to the lower expert id. Lane i
+        returns the i-th pick's expert id and its score.
+
+        Each lane offers its best remaining expert and keeps the next one ready, so a pick
+        is two `redux.sync`s and a few selects: the winner moves its second to the front.
+        Only when a lane has given up both and has more does the warp rescan (one uniform
+        branch; rare, since a lane holds 1/32 of the experts)."""
+        first_key, first_slot, first_score, second_key, second_slot, second_score = self._lane_top2(
+            keys, scores, Uint32(0xFFFFFFFF), Int32(-1))
+        left = Int32(0)  # experts of this lane not yet picked
+        for j in cutlass.range_constexpr(self.slots):
+            left = left + Int32(cutlass.select_(keys[j] != Uint32(0), Int32(1), Int32(0)))
+        last_key, last_slot = Uint32(0xFFFFFFFF), Int32(-1)
+        my_id, my_score = Int32(0), Float32(0.0)
         for i in cutlass.range(top_k, unroll=1):
-            top = cute.arch.warp_redux_sync(best, "umax")
-            candidate = Uint32(0xFFFFFFFF)
-            if best == top:
-                candidate = (slot * WARP + lane).to(Uint32)
+            top = cute.arch.warp_redux_sync(first_key, "umax")
+            mine = (first_slot * WARP + lane).to(Uint32)
+            candidate = Uint32(cutlass.select_(first_key == top, mine, Uint32(0xFFFFFFFF)))
             pick = cute.arch.warp_redux_sync(candidate, "umin").to(Int32)
-            if lane == i:
-                my_id = pick
-            if (pick & (WARP - 1)) == lane:
-                for j in cutlass.range_constexpr(self.slots):
-                    if slot == j:
-                        keys[j] = Uint32(0)
-                best, slot = self._best_slot(keys)
-        return my_id
+            winner = pick & (WARP - 1)
+            score = cute.arch.shuffle_sync(first_score, winner)
+            my_id = Int32(cutlass.select_(lane == i, pick, my_id))
+            my_score = Float32(cutlass.select_(lane == i, score, my_score))
+            won = winner == lane
+            last_key = Uint32(cutlass.select_(won, first_key, last_key))
+            last_slot = Int32(cutlass.select_(won, first_slot, last_slot))
+            first_key = Uint32(cutlass.select_(won, second_key, first_key))
+            first_slot = Int32(cutlass.select_(won, second_slot, first_slot))
+            first_score = Float32(cutlass.select_(won, second_score, first_score))
+            second_key = Uint32(cutlass.select_(won, Uint32(0), second_key))
+            left = left - Int32(cutlass.select_(won, Int32(1), Int32(0)))
+            if cute.arch.vote_any_sync((first_key == Uint32(0)) & (left > 0)):
+                first_key, first_slot, first_score, second_key, second_slot, second_score = self._lane_top2(
+                    keys, scores, last_key, last_slot)
+        return my_id, my_score
 
     @cute.jit
     def _warp_top2(self, first, second):
@@ -212,6 +243,24 @@ class LLBf16Router:
         return first, second
 
     @cute.jit
+    def _mask_slot_groups(self, choice, keys, lane, n_group, topk_group):
+        """Groups of exactly 32 experts (DeepSeek-V3: 256 experts, 8 groups): group g is slot
+        g of every lane, so all group scores come from independent butterflies at once, and
+        a group is kept when fewer than topk_group groups beat it (ties to the lower group)."""
+        neg_inf = Float32(-float("inf"))
+        group_key = Uint32(0)  # lane g: group g's score as a key
+        for j in cutlass.range_constexpr(self.slots):
+            first, second = self._warp_top2(choice[j], neg_inf)
+            group_key = Uint32(cutlass.select_(lane == j, self._key(first + second), group_key))
+        group_key = Uint32(cutlass.select_(lane < n_group, group_key, Uint32(0)))
+        for j in cutlass.range_constexpr(self.slots):
+            mine = cute.arch.shuffle_sync(group_key, j)
+            beaten_by = cute.arch.vote_ballot_sync(
+                (lane < n_group) & ((group_key > mine) | ((group_key == mine) & (lane < j))))
+            kept = (cute.arch.popc(beaten_by) < topk_group) & (j < n_group)
+            keys[j] = Uint32(cutlass.select_(kept, keys[j], Uint32(0)))
+
+    @cute.jit
     def _best_groups(self, group_key, lane, topk_group) -> Int32:
         """A bit mask of the topk_group groups with the largest keys (lane g holds group g's)."""
         kept = Int32(0)
@@ -220,112 +269,28 @@ class LLBf16Router:
             holders = cute.arch.vote_ballot_sync(group_key == top)
             g = cute.arch.popc((holders & -holders) - 1)  # the lowest group holding it
             kept = kept | (Int32(1) << g)
-            if lane == g:
-                group_key = Uint32(0)
+            group_key = Uint32(cutlass.select_(lane == g, Uint32(0), group_key))
         return kept
 
     @cute.jit
     def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group):
-        """Zero the keys of experts outside the topk_group best groups (n_group <= 32)."""
+        """Any equal groups (n_group <= 32): zero the keys of experts outside the topk_group
+        best groups, one group score after the other."""
         group_size = n_count // n_group
         neg_inf = Float32(-float("inf"))
-        group_key = Uint32(0)  # lane g holds group g's score as a key
+        group_key = Uint32(0)
         for g in cutlass.range(n_group, unroll=1):
             lo = g * group_size
             first = neg_inf
             second = neg_inf
             for j in cutlass.range_constexpr(self.slots):
                 e = j * WARP + lane
-                if e >= lo and e < lo + group_size:
-                    c = choice[j]
-                    if c > first:
-                        second = first
-                        first = c
-                    elif c > second:
-                        second = c
-            first, second = self._warp_top2(first, second)
-            if lane == g:
-                group_key = self._key(first + second)
-        kept = self._best_groups(group_key, lane, topk_group)
-        for j in cutlass.range_constexpr(self.slots):
-            e = j * WARP + lane
-            g = cutlass.min(e // group_size, 31)
-            if ((kept >> g) & 1) == 0:
-                keys[j] = Uint32(0)
-
-
-class LLBf16RouterBranchless(LLBf16Router):
-    """The same routing with selects instead of branches, and a sigmoid from `ex2.approx`
-    and `rcp.approx` (about 3e-7 relative error instead of IEEE exp and divide).
-
-    In the first version each warp's lanes diverge at every expert slot (the compiler keeps
-    the per-slot `if`s as branches: each pick's winner clears its slot through a binary
-    search of branches, and rescans with one branch per slot), and a divergent branch
-    costs far more than a select. Here every lane runs the same straight-line code: keys
-    from a sign-mask flip, the per-lane maximum by a tree of selects (ties to the lower
-    slot), the picked slot cleared by a select in every slot, group maxima with fmax/fmin.
-    """
-
-    @cute.jit
-    def _sigmoid(self, v: Float32) -> Float32:
-        e = cute.arch.exp2(v * Float32(-1.4426950408889634))  # 2^(-v log2 e) = e^-v
-        return cute.arch.rcp_approx(Float32(1.0) + e)
-
-    @cute.jit
-    def _key(self, v: Float32) -> Uint32:
-        bits = v.bitcast(Int32)
-        flip = (bits >> 31) | Int32(-(2**31))  # all ones for negatives, the sign bit otherwise
-        return (bits ^ flip).bitcast(Uint32)
-
-    def _best_slot(self, keys):
-        # Plain Python (not staged), building a tree of selects over (key, slot) pairs; the
-        # left one of a pair holds the lower slots, so it wins ties.
-        level = [(keys[j], Int32(j)) for j in range(self.slots)]
-        while len(level) > 1:
-            merged = []
-            for a in range(0, len(level) - 1, 2):
-                (ka, sa), (kb, sb) = level[a], level[a + 1]
-                right = kb > ka
-                merged.append((Uint32(cutlass.select_(right, kb, ka)), Int32(cutlass.select_(right, sb, sa))))
-            if len(level) % 2:
-                merged.append(level[-1])
-            level = merged
-        return level[0]
-
-    @cute.jit
-    def _pick(self, keys, lane, top_k) -> Int32:
-        best, slot = self._best_slot(keys)
-        my_id = Int32(0)
-        for i in cutlass.range(top_k, unroll=1):
-            top = cute.arch.warp_redux_sync(best, "umax")
-            mine = (slot * WARP + lane).to(Uint32)
-            candidate = Uint32(cutlass.select_(best == top, mine, Uint32(0xFFFFFFFF)))
-            pick = cute.arch.warp_redux_sync(candidate, "umin").to(Int32)
-            my_id = Int32(cutlass.select_(lane == i, pick, my_id))
-            won = (pick & (WARP - 1)) == lane
-            for j in cutlass.range_constexpr(self.slots):
-                keys[j] = Uint32(cutlass.select_(won & (slot == j), Uint32(0), keys[j]))
-            best, slot = self._best_slot(keys)
-        return my_id
-
-    @cute.jit
-    def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group):
-        group_size = n_count // n_group
-        neg_inf = Float32(-float("inf"))
-        group_of = [cutlass.min((j * WARP + lane) // group_size, 31) for j in range(self.slots)]
-        group_key = Uint32(0)
-        for g in cutlass.range(n_group, unroll=1):
-            first = neg_inf
-            second = neg_inf
-            for j in cutlass.range_constexpr(self.slots):
-                inside = (group_of[j] == g) & (j * WARP + lane < n_count)
-                c = Float32(cutlass.select_(inside, choice[j], neg_inf))
+                c = Float32(cutlass.select_((e >= lo) & (e < lo + group_size), choice[j], neg_inf))
                 second = cute.arch.fmax(second, cute.arch.fmin(first, c))
                 first = cute.arch.fmax(first, c)
             first, second = self._warp_top2(first, second)
             group_key = Uint32(cutlass.select_(lane == g, self._key(first + second), group_key))
         kept = self._best_groups(group_key, lane, topk_group)
         for j in cutlass.range_constexpr(self.slots):
-            dropped = ((kept >> group_of[j]) & 1) == 0
-            keys[j] = Uint32(cutlass.select_(dropped, Uint32(0), keys[j]))
-
+            group = cutlass.min((j * WARP + lane) // group_size, 31)
+            keys[j] = Uint32(cutlass.select_(((kept >> group) & 1) == 0, Uint32(0), keys[j]))

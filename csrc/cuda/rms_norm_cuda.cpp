@@ -1,0 +1,87 @@
+// CUDA implementation of the norm ops: the PDL-launched CuTe DSL kernel (one CTA per row)
+// on the GPUs it was compiled for, the ATen reference on others.
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "kernel_support.h"
+#include "kimi_kernels.h"
+#include "../rms_norm.h"
+
+namespace kimi {
+
+namespace {
+
+const CompiledNormKernel* find_norm_kernel(bool add_residual, int vec, int sm) {
+  for (const CompiledNormKernel& kernel : kCompiledNormKernels) {
+    if (kernel.add_residual == add_residual && kernel.vec == vec && kernel.sm == sm) {
+      return &kernel;
+    }
+  }
+  return nullptr;
+}
+
+TensorArg row_arg(const at::Tensor& t) {
+  return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
+}
+
+// Runs the kernel into out (and residual_out); false if this GPU has none.
+bool launch_norm(const at::Tensor& x_in, const at::Tensor* residual_in,
+                 const at::Tensor& weight_in, double eps, const at::Tensor& out,
+                 const at::Tensor& residual_out) {
+  const int device = x_in.get_device();
+  const int sm = device_sm(device);
+  const at::Tensor x = unit_inner_stride(x_in);
+  const at::Tensor residual = residual_in != nullptr ? unit_inner_stride(*residual_in) : x;
+  const at::Tensor weight = weight_in.contiguous().view({1, x.size(1)});
+  const bool vec8 = vec8_aligned(x) && vec8_aligned(residual) && vec8_aligned(weight) &&
+                    vec8_aligned(out) && vec8_aligned(residual_out);
+  const CompiledNormKernel* kernel = find_norm_kernel(residual_in != nullptr, vec8 ? 8 : 1, sm);
+  // One CTA per row, and int32 sizes: more rows than a grid holds go to the reference.
+  if (kernel == nullptr || x.size(0) > std::numeric_limits<int32_t>::max()) {
+    return false;
+  }
+  if (x.size(0) == 0) {
+    return true;
+  }
+  ensure_loaded(kCompiledNormKernels, device);
+  NormArgs args{row_arg(x), row_arg(residual), row_arg(weight), row_arg(out),
+                row_arg(residual_out), static_cast<float>(eps)};
+  const int32_t err = kernel->launch(&args, at::cuda::getCurrentCUDAStream(device));
+  check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
+  return true;
+}
+
+at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_norm_inputs("rms_norm", x, nullptr, weight, eps);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  // rms_norm's kernel neither reads residual nor writes residual_out: x and out stand in.
+  return launch_norm(x, nullptr, weight, eps, out, out) ? out : rms_norm_reference(x, weight, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
+                                                           const at::Tensor& residual,
+                                                           const at::Tensor& weight, double eps) {
+  check_norm_inputs("fused_add_rms_norm", x, &residual, weight, eps);
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  at::Tensor residual_out = at::empty(x.sizes(), x.options());
+  if (launch_norm(x, &residual, weight, eps, out, residual_out)) {
+    return {out, residual_out};
+  }
+  return fused_add_rms_norm_reference(x, residual, weight, eps);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
+  m.impl("rms_norm", &rms_norm_cuda);
+  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cuda);
+}
+
+}  // namespace kimi
