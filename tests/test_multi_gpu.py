@@ -39,3 +39,21 @@ def test_first_call_on_cuda1_inside_graph_capture():
 def test_mixed_devices_is_an_error():
     with pytest.raises(RuntimeError, match="must be on the same device"):
         kimi_router_ops.ll_bf16_gemm(random_bf16(2, 64, device="cuda:0"), random_bf16(8, 64, device="cuda:1"))
+
+
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_router_and_norm_on_cuda1_run_on_cuda1(m):
+    """The fused router (its counters are per device and stream) and the norm kernel, with
+    inputs on the second GPU while the first is current: the same results on both."""
+    x, residual, norm_weight = random_bf16(m, 7168), random_bf16(m, 7168), random_bf16(7168)
+    w, bias = random_bf16(256, 7168, scale=0.02), torch.randn(256) * 0.05
+    torch.cuda.set_device(0)
+    outs = []
+    for device in ("cuda:0", "cuda:1"):
+        normed, summed = kimi_router_ops.fused_add_rms_norm(
+            x.to(device), residual.to(device), norm_weight.to(device), 1e-6)
+        routed = kimi_router_ops.ll_bf16_router(normed, w.to(device), bias.to(device), 8, 8, 4, True, 2.5)
+        assert all(t.device == torch.device(device) for t in (normed, summed, *routed))
+        outs.append([t.cpu() for t in (normed, summed, *routed)])
+    assert torch.cuda.current_device() == 0
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
