@@ -6,9 +6,9 @@
 
 One CTA per row. Its threads split K into `vec`-element vectors (16-byte loads when vec ==
 8); a step covers threads * unroll vectors and issues all of its loads before the first
-use, so a row of 7168 is one step and one memory round trip; the second pass then reuses
-the registers (longer rows read each step again, from L1) and the weight step loaded
-before the wait.
+use, so a row of 7168 is one step and one memory round trip (512 threads of 2 vectors).
+The second pass reuses the registers (longer rows read each step again, from L1) and the
+weight step loaded before the wait.
 
 Launched with programmatic dependent launch. It lets its dependents launch at entry:
 their own grid-dependency wait returns only once this grid has finished and flushed, so the
@@ -27,7 +27,7 @@ from cutlass import Float32, Int32, const_expr
 class RmsNorm:
     """One compiled norm kernel; the rows of variants.NORM_KERNELS give its parameters."""
 
-    def __init__(self, vec: int, add_residual: bool, threads: int = 128, unroll: int = 8):
+    def __init__(self, vec: int, add_residual: bool, threads: int, unroll: int):
         if vec not in (1, 8):
             raise ValueError(f"vec must be 1 or 8, got {vec}")
         self.vec = vec
