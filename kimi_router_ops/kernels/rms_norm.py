@@ -6,7 +6,7 @@
 
 One CTA per row. Its threads split K into `vec`-element vectors (16-byte loads when vec ==
 8); a step covers threads * unroll vectors and issues all of its loads before the first
-use, so a row of 7168 is one step and one memory round trip (512 threads of 2 vectors).
+use, so a row of 7168 is one step and one memory round trip (128 threads of 8 vectors).
 The second pass reuses the registers (longer rows read each step again, from L1) and the
 weight step loaded before the wait.
 
