@@ -14,6 +14,10 @@ class RouterLinear(nn.Module):
     `weight` is a bf16 [num_experts, in_features] parameter, so a state_dict with the usual
     `gate.weight` key loads unchanged. `forward(x)` takes bf16 [..., in_features] and returns
     [..., num_experts] logits in `out_dtype` (fp32 by default).
+
+    Feed it from `kimi_router_ops.rms_norm` or `fused_add_rms_norm` (PDL kernels): at one
+    token its kernel then loads its weights while the norm still runs. Behind a torch
+    kernel, which never lets a dependent start early, it cannot (examples/moe_router.py).
     """
 
     def __init__(self, in_features: int, num_experts: int, out_dtype=torch.float32, device=None):
