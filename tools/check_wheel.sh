@@ -11,7 +11,9 @@ python3 -m pip wheel --no-build-isolation --no-deps -w dist . >/tmp/kimi-wheel.l
   || { tail -40 /tmp/kimi-wheel.log; exit 1; }
 wheel=$(ls dist/kimi_router_ops-*.whl)
 echo "built $wheel ($(du -h "$wheel" | cut -f1))"
-venv=$(mktemp -d)/venv
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT  # a venv with torch is gigabytes: never leave one behind
+venv=$scratch/venv
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q "torch==$torch_version" "$wheel"
 cd "$venv"  # away from the source tree, so the installed package is the one imported
@@ -31,5 +33,7 @@ ref = x.double() @ w.double().t()
 assert ((logits.double() - ref).norm() / ref.norm()).item() < 1e-5
 weights, ids, _ = kimi_router_ops.ll_bf16_router(x, w, torch.zeros(256), 8, 8, 4, True, 2.5)
 assert ids.shape == (3, 8) and torch.allclose(weights.sum(-1), torch.full((3,), 2.5))
+normed, summed = kimi_router_ops.fused_add_rms_norm(x, x, torch.ones(7168).to(torch.bfloat16))
+assert normed.shape == x.shape and torch.equal(summed, (2 * x.float()).to(torch.bfloat16))
 print(f"wheel ok: torch {torch.__version__}, {len(kimi_router_ops.compiled_kernels())} CUDA kernels linked")
 PY
