@@ -30,10 +30,10 @@ struct CompiledKernel {
   LaunchFn launch;
 };
 
-// The fused router's arguments (kernels/ll_bf16_router.py); bias, weights, ids and counter
-// are rank-2 as well ([1, N], [M, top_k], [M, top_k], [1, 1]).
+// The fused router's arguments (kernels/ll_bf16_router.py); bias, weights, ids and handoff
+// are rank-2 as well ([1, N], [M, top_k], [M, top_k], [M, N]).
 struct RouterArgs {
-  TensorArg x, w, bias, logits, weights, ids, counter;
+  TensorArg x, w, bias, logits, weights, ids, handoff;
   int32_t top_k, n_group, topk_group, renormalize, has_bias;
   float scaling;
 };

@@ -49,7 +49,7 @@ def fake_arguments(vec: int, out_dtype: str):
 
 
 def fake_router_arguments(bias_dtype: str):
-    """Fake x, w, bias [1, N], logits [M, N], weights and ids [M, top_k], counter [1, 1] and
+    """Fake x, w, bias [1, N], logits [M, N], weights and ids [M, top_k], handoff [M, N] and
     the routing scalars: all sizes and row strides are run-time values."""
     import cutlass
     import cutlass.cute as cute
@@ -64,9 +64,9 @@ def fake_router_arguments(bias_dtype: str):
 
     bias = fake(bias_type, (cute.sym_int32(symbol="ONE"), n))
     weights, ids = fake(cutlass.Float32, (m, top_k)), fake(cutlass.Int32, (m, top_k))
-    counter = fake(cutlass.Int32, (cute.sym_int32(symbol="ONE_M"), cute.sym_int32(symbol="ONE_N")))
+    handoff = fake(cutlass.Int32, (m, n))
     scalars = [cutlass.Int32(1)] * 5 + [cutlass.Float32(1.0)]
-    return [x, w, bias, logits, weights, ids, counter, *scalars]
+    return [x, w, bias, logits, weights, ids, handoff, *scalars]
 
 
 def fake_norm_arguments(vec: int):
@@ -169,7 +169,7 @@ def kernel_table_header(kernels, router_kernels, norm_kernels) -> str:
         includes.append(f'#include "{arch}/{s}.h"')
         casts = ", ".join(
             f"reinterpret_cast<{s}_Tensor_{t}_t*>(&a->{t})"
-            for t in ("x", "w", "bias", "logits", "weights", "ids", "counter")
+            for t in ("x", "w", "bias", "logits", "weights", "ids", "handoff")
         )
         adapters.append(
             f"inline int32_t launch_{s}(RouterArgs* a, cudaStream_t stream) {{\n"

@@ -58,7 +58,7 @@ def implementations(config, m):
     }
     # The named-only fused rows that can serve this case: candidates for the table.
     for r in variants.ROUTER_VARIANTS:
-        if not r.automatic and r.m_lo <= m <= r.m_hi and n <= r.n_max:
+        if not r.automatic and r.m_lo <= m <= r.m_hi and r.n_min <= n <= r.n_max:
             impls[f"forced {r.name}"] = (
                 lambda x, w, b, name=r.name: kimi_router_ops.ll_bf16_router_with_variant(x, w, b, *route, name)
             )

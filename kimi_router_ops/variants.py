@@ -117,8 +117,8 @@ VARIANTS = (
 
 @dataclass(frozen=True)
 class RouterVariant:
-    """The fused router (kernels/ll_bf16_router.py): the GEMM row `gemm`, then routing by
-    the grid's last CTA. Chosen for m_lo <= M <= m_hi and n_min <= N <= n_max (first match);
+    """The fused router (kernels/ll_bf16_router.py): the GEMM row `gemm`, then routing in
+    the same grid. Chosen for m_lo <= M <= m_hi and n_min <= N <= n_max (first match);
     n_max also sets the experts a lane holds (n_max / 32, compiled in)."""
 
     name: str
@@ -131,13 +131,15 @@ class RouterVariant:
 
 
 # Each fuses the GEMM row that the GEMM op picks for the same M and N (so the logits are
-# the GEMM op's, bit for bit), in three sizes: a lane's share of the experts is a chain of
+# the GEMM op's, bit for bit), in four sizes: a lane's share of the experts is a chain of
 # instructions in one warp, so each N range gets its own (8 experts a lane for
-# DeepSeek-V3, 12 for Kimi-K2, 32 up to 1024 experts; docs/benchmarks.md, "The whole router").
-ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 1024))
+# DeepSeek-V3, 12 for Kimi-K2, 28 for Kimi-K3, 32 up to 1024 experts; docs/benchmarks.md,
+# "The whole router").
+ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
+ROUTER_GEMMS = (("m1_prefetch_r4_t256", 1, 1), ("mma8_t2c4w8u7", 2, 8), ("mma16_t2c4w8u7", 9, 16))
 ROUTER_VARIANTS = tuple(
     RouterVariant(f"router_{gemm}_n{n_max}", gemm, m_lo, m_hi, n_min, n_max)
-    for gemm, m_lo, m_hi in (("m1_prefetch_r4_t256", 1, 1), ("mma8_t2c4w8u7", 2, 8), ("mma16_t2c4w8u7", 9, 16))
+    for gemm, m_lo, m_hi in ROUTER_GEMMS
     for n_min, n_max in ROUTER_N_RANGES
 )
 @dataclass(frozen=True)
@@ -235,6 +237,8 @@ def write_variant_table_header(path: str) -> None:
         f"{router_rows}\n"
         "};\n"
         f"inline constexpr int kRouterMaxTopK = {ROUTER_MAX_TOP_K};\n"
+        f"inline constexpr int kRouterMaxM = {max(r.m_hi for r in ROUTER_VARIANTS)};\n"
+        f"inline constexpr int kRouterMaxN = {max(r.n_max for r in ROUTER_VARIANTS)};\n"
         f"inline constexpr int kRouterMaxGroups = {ROUTER_MAX_GROUPS};\n"
         "}  // namespace kimi\n"
     )

@@ -220,6 +220,29 @@ def test_ties_go_to_the_lower_expert_id(device):
     assert ids.tolist() == [[0, 4, 1, 5]] * 3
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [33, 256, 1024])
+def test_many_equal_experts_go_to_the_lowest_ids(device, n):
+    """Every expert equal (zero weights, no bias): the top_k are the lowest ids, in order.
+    (The fused kernel ranks at most 32 candidates at once; more, as here, take its other
+    way, one pick after another.)"""
+    x, w = random_bf16(2, 64, device=device), torch.zeros(n, 64, dtype=torch.bfloat16, device=device)
+    weights, ids, _ = kimi_router_ops.ll_bf16_router(x, w, None, 8)
+    assert ids.tolist() == [list(range(8))] * 2
+    torch.testing.assert_close(weights, torch.full_like(weights, 1 / 8))
+
+
+@requires_kernel_gpu
+def test_one_stream_serves_every_shape_in_turn():
+    """A stream's handoff buffer serves calls of any M and N one after another, with no
+    synchronization in between: each call leaves it empty for the next."""
+    shapes = [(16, 1024), (1, 256), (8, 384), (3, 896), (16, 256), (1, 1024), (12, 100)] * 3
+    cases = [make_case(m, n, 512, 8, 1, 1, device="cuda", seed=i) for i, (m, n) in enumerate(shapes)]
+    outs = [kimi_router_ops.ll_bf16_router(x, w, b, 8) for x, w, b in cases]
+    for out, (x, w, b) in zip(outs, cases):
+        check_router(out, x, w, b, 8, 1, 1, True, 1.0)
+
+
 def test_bias_steers_the_choice_but_not_the_weights():
     x, w = random_bf16(2, 64), random_bf16(16, 64)
     bias = torch.full((16,), -10.0)
@@ -401,7 +424,7 @@ def test_forced_router_variant_that_cannot_serve_is_an_error():
 @requires_kernel_gpu
 def test_two_graphs_replayed_side_by_side():
     """Two captured router calls replayed at once on two streams, many times: each graph's
-    call has its own counter, so both stay correct."""
+    call has its own handoff buffer, so both stay correct."""
     n, top_k, n_group, topk_group, scale = MODEL_CONFIGS["kimi-k2"]
     cases = [make_case(m, n, 7168, top_k, n_group, topk_group, device="cuda", seed=m) for m in (1, 8)]
     expected = [kimi_router_ops.ll_bf16_router(x, w, b, top_k, n_group, topk_group, True, scale) for x, w, b in cases]

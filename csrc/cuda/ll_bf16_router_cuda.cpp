@@ -9,7 +9,7 @@
 #include "kernel_support.h"
 #include "kimi_kernels.h"
 #include "kimi_variant_table.h"
-#include "router_counters.h"
+#include "router_handoff.h"
 #include "../ll_bf16_router.h"
 
 namespace kimi {
@@ -70,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> route_on_gpu(
   RouterArgs args{
       matrix_arg(x), matrix_arg(w), matrix_arg(bias.narrow(0, 0, 1)), matrix_arg(logits),
       matrix_arg(weights), matrix_arg(ids),
-      TensorArg{router_counter(device, stream), {1, 1}, {1}},
+      TensorArg{router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}},
       int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
       bias_in.has_value() ? 1 : 0, static_cast<float>(routed_scaling_factor)};
   const int32_t err = kernel.launch(&args, stream);

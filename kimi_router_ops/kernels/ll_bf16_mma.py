@@ -29,6 +29,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
+from . import handoff as handoff_buffer
+
 TILE_E = 16  # experts per MMA (its M)
 TILE_T = 8  # tokens per MMA (its N)
 CHUNK_VECS = 4  # 16-byte vectors per lane group and chunk: a chunk is 32 elements of K
@@ -147,8 +149,9 @@ class LLBf16Mma:
         self.body(xv, wv, out)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
-        """The whole GEMM; the fused router kernel runs it and then routes."""
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
+        """The whole GEMM; the fused router kernel runs it and then routes (and passes a
+        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks
@@ -261,11 +264,13 @@ class LLBf16Mma:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
-                self._store(out, idx, total, expert_first, m_count, n_count)
+                self._store(out, handoff, idx, total, expert_first, m_count, n_count)
 
     @cute.jit
-    def _store(self, out, idx, total, expert_first, m_count, n_count):
+    def _store(self, out, handoff, idx, total, expert_first, m_count, n_count):
         token = idx // self.experts
         expert = expert_first + idx - token * self.experts
         if token < m_count and expert < n_count:
             out[token, expert] = total.to(out.element_type)
+            if const_expr(handoff is not None):
+                handoff_buffer.publish(handoff, token, expert, total)

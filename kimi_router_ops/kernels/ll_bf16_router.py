@@ -1,4 +1,4 @@
-"""The whole MoE router in one launch: a router GEMM kernel, then routing by its last CTA.
+"""The whole MoE router in one launch: a router GEMM kernel, then routing in the same grid.
 
     logits  = x · wᵀ                                  (the GEMM kernel's body, unchanged)
     scores  = sigmoid(logits);  choice = scores + bias
@@ -8,28 +8,32 @@
               lower expert id
     weights = scores[ids] / (sum + 1e-20) if renormalize, times routed_scaling_factor
 
-Every CTA runs the GEMM body of an LLBf16Dotprod or LLBf16Mma kernel and stores its logits.
-Then it counts itself done on a counter in global memory (a release-acquire atomic after a
-CTA barrier, as a cooperative grid barrier does); the CTA that arrives last, which sees
-every logit, routes all M tokens from L2 and sets the counter back to zero, so the next
-call on the same counter (the next call on the stream, or the next replay of a captured
-graph) starts from zero. The host gives each stream, and each call captured into a graph,
-its own counter (csrc/cuda/router_counters.cpp).
+Every CTA runs the GEMM body of an LLBf16Dotprod or LLBf16Mma kernel, which stores the
+logits and also publishes each one in a handoff buffer (kernels/handoff.py), where a word
+is its own ready flag. Token m is then routed by one warp, of the m-th CTA from the end (or,
+with more tokens than CTAs, the next warps): it polls its token's words until all are published, routes,
+and empties them again for the next call. No fence, no counter: the routing starts one L2
+round trip after the last logit is stored. The host gives each stream, and each call
+captured into a graph, its own handoff buffer (csrc/cuda/router_handoff.cpp).
 
-Routing: one warp per token. Lane l holds the choice values of experts l, l + 32, ... (up to
-`n_max`, a compile-time bound), as floats and as order-preserving unsigned keys, so that a
-warp's maximum is one `redux.sync`. Each pick takes the largest key, then the lowest expert
-id holding it (a second `redux.sync`), and the winning lane rescans its own values: top_k
-picks, no shared memory, no sorting. Group scores merge per-lane best pairs with shuffles.
+Routing, in one warp: lane l holds the choice values of experts l, l + 32, ... (up to
+`n_max`, a compile-time bound), as floats and as order-preserving unsigned keys. Group
+scores merge per-lane best pairs with shuffles. The top_k come from ranking a short list of
+candidates (every expert at least as good as the top_k-th best lane maximum): each
+candidate counts those ahead of it, in parallel, instead of top_k reductions in a row.
 """
 
 import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32
+from cutlass import Float32, Int32, Uint32, const_expr
+
+from . import handoff as handoff_buffer
 
 WARP = 32
+# Per warp, 32 words each: lane maxima; candidates' keys, ids and scores; picks' ids, scores.
+SCRATCH_ROWS = 6
 
 
 class LLBf16Router:
@@ -53,7 +57,7 @@ class LLBf16Router:
         logits: cute.Tensor,  # [M, N] float32, out
         weights: cute.Tensor,  # [M, top_k] float32, out
         ids: cute.Tensor,  # [M, top_k] int32, out
-        counter: cute.Tensor,  # [1, 1] int32, zero before the call, zero after it
+        handoff: cute.Tensor,  # [M, N] int32, EMPTY before the call and after it
         top_k: Int32,
         n_group: Int32,
         topk_group: Int32,
@@ -64,13 +68,14 @@ class LLBf16Router:
     ):
         xv, wv = self.gemm.vector_views(x, w)
         shape = self.gemm.launch_shape(w.shape[0])
-        shape["smem"] += 16  # the last-CTA flag, after the GEMM's own shared memory
+        # The routing's scratch, after the GEMM's own shared memory.
+        shape["smem"] += 4 * SCRATCH_ROWS * WARP * self.warps + 16
         # As many CTAs per SM as the GEMM kernel alone gets: the routing's registers must not
         # lower the GEMM's occupancy (with 32 experts a lane they would halve the dot
         # product's, and Kimi-K3's 224 CTAs would run in two waves). The carveout is the
         # driver default; naming it keeps the build from querying a GPU.
         self.kernel(
-            xv, wv, bias, logits, weights, ids, counter,
+            xv, wv, bias, logits, weights, ids, handoff,
             top_k, n_group, topk_group, renormalize, has_bias, scaling,
         ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
                  min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=-1)
@@ -84,7 +89,7 @@ class LLBf16Router:
         logits: cute.Tensor,
         weights: cute.Tensor,
         ids: cute.Tensor,
-        counter: cute.Tensor,
+        handoff: cute.Tensor,
         top_k: Int32,
         n_group: Int32,
         topk_group: Int32,
@@ -92,27 +97,73 @@ class LLBf16Router:
         has_bias: Int32,
         scaling: Float32,
     ):
-        self.gemm.body(xv, wv, logits)
-
-        tidx, _, _ = cute.arch.thread_idx()
-        # This barrier orders all of this CTA's logit stores before thread 0's release below.
+        self.gemm.body(xv, wv, logits, handoff)
         smem = cutlass.utils.SmemAllocator()
-        last_flag = smem.allocate_tensor(Int32, cute.make_layout(1), 4)
-        cute.arch.sync_threads()
-        if tidx == 0:
-            gx, gy, gz = cute.arch.grid_dim()
-            cute.arch.fence_acq_rel_gpu()
-            done = cute.arch.atomic_add(counter.iterator, Int32(1), sem="acq_rel", scope="gpu")
-            last = Int32(0)
-            if done == gx * gy * gz - 1:
-                last = Int32(1)
-                counter[0, 0] = Int32(0)  # every CTA has counted: ready for the next call
-                cute.arch.fence_acq_rel_gpu()
-            last_flag[0] = last
-        cute.arch.sync_threads()
-        if last_flag[0] != 0:
-            self._route(logits, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                        has_bias, scaling)
+        scratch = smem.allocate_tensor(Uint32, cute.make_layout((WARP, SCRATCH_ROWS, self.warps)), 16)
+        self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+                    has_bias, scaling, scratch)
+
+    @cute.jit
+    def _route(self, handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+               has_bias, scaling, scratch):
+        """Route this warp's tokens. Token m goes to warp m // ctas of the m % ctas-th CTA
+        from the end: one warp per token and SM while M <= CTAs (each has a scheduler to
+        itself). From the end, because a routing warp waits for the other CTAs: CTAs start
+        in index order, so the last ones start after all the others have (the premise of
+        every single-pass scan), and no CTA waits for one that cannot start."""
+        slots: cutlass.Constexpr = self.slots
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        bx, by, bz = cute.arch.block_idx()
+        gx, gy, gz = cute.arch.grid_dim()
+        ctas = gx * gy * gz
+        unit = warp * ctas + (ctas - 1 - (bx + gx * (by + gy * bz)))
+        m_count = handoff.shape[0]
+        n_count = handoff.shape[1]
+        scores = cute.make_rmem_tensor((slots,), Float32)
+        choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
+        keys = cute.make_rmem_tensor((slots,), Uint32)
+        for m in cutlass.range(unit, m_count, ctas * self.warps, unroll=1):
+            # Every load first, with no branch between them, so that they are all in flight
+            # at once: one L2 round trip, not one per expert. (Without a bias the pointer is
+            # a stand-in that is valid to read; the values go unused.)
+            for j in cutlass.range_constexpr(slots):
+                ec = cutlass.min(j * WARP + lane, n_count - 1)
+                scores[j] = handoff_buffer.poll(handoff, m, ec).bitcast(Float32)
+                choice[j] = bias[0, ec].to(Float32)
+            # Until every logit of this token has been published: reload what is not.
+            while cute.arch.vote_any_sync(self._pending(scores)):
+                for j in cutlass.range_constexpr(slots):
+                    if scores[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY):
+                        ec = cutlass.min(j * WARP + lane, n_count - 1)
+                        scores[j] = handoff_buffer.poll(handoff, m, ec).bitcast(Float32)
+            # Empty again for the next call (which polls only after its PDL wait, when this
+            # grid has finished and its stores are visible).
+            for j in cutlass.range_constexpr(slots):
+                if j * WARP + lane < n_count:
+                    handoff[m, j * WARP + lane] = Int32(handoff_buffer.EMPTY)
+            for j in cutlass.range_constexpr(slots):
+                s = self._sigmoid(scores[j])
+                scores[j] = s
+                c = s + Float32(cutlass.select_(has_bias != 0, choice[j], Float32(0.0)))
+                choice[j] = c
+                # Key 0 is "no expert": never picked (top_k <= the experts that remain).
+                keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
+
+            if topk_group < n_group:
+                if n_count == n_group * WARP:
+                    self._mask_slot_groups(choice, keys, lane, n_group, topk_group)
+                else:
+                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
+
+            my_id, score = self._rank_select(keys, scores, lane, top_k, scratch[None, None, warp])
+            weight = score
+            if renormalize != 0:
+                total = cute.arch.warp_reduction_sum(score)
+                weight = score / (total + Float32(1e-20))
+            if lane < top_k:
+                weights[m, lane] = weight * scaling
+                ids[m, lane] = my_id
 
     @cute.jit
     def _sigmoid(self, v: Float32) -> Float32:
@@ -131,46 +182,74 @@ class LLBf16Router:
         return (bits ^ flip).bitcast(Uint32)
 
     @cute.jit
-    def _route(self, logits, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-               has_bias, scaling):
+    def _pending(self, values) -> cutlass.Boolean:
+        pending = values[0].bitcast(Int32) == Int32(handoff_buffer.EMPTY)
+        for j in cutlass.range_constexpr(1, self.slots):
+            pending = pending | (values[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY))
+        return pending
+
+    @cute.jit
+    def _rank_select(self, keys, scores, lane, top_k, scratch):
+        """The warp's top_k largest keys, largest first, ties to the lower expert id, by
+        ranking a short list of candidates instead of picking one after another. Lane i
+        returns the i-th expert id and its score.
+
+        Let t be the top_k-th largest of the lanes' maxima: at least top_k experts have a
+        key >= t, so every expert of the top_k does. Those candidates (usually a few more
+        than top_k) go to shared memory in expert-id order; each lane takes one and counts
+        the candidates ahead of it, which is its place. All of it is independent work on
+        32 lanes, not a chain of top_k warp reductions. More than 32 candidates (many equal
+        keys) fall back to the picks."""
         slots: cutlass.Constexpr = self.slots
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        m_count = logits.shape[0]
-        n_count = logits.shape[1]
-        scores = cute.make_rmem_tensor((slots,), Float32)
-        choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
-        keys = cute.make_rmem_tensor((slots,), Uint32)
-        for m in cutlass.range(warp, m_count, self.warps, unroll=1):
-            # Every load first, with no branch between them, so that they are all in flight
-            # at once: one L2 round trip, not one per expert. (Without a bias the pointer is
-            # a stand-in that is valid to read; the values go unused.)
-            for j in cutlass.range_constexpr(slots):
-                ec = cutlass.min(j * WARP + lane, n_count - 1)
-                scores[j] = logits[m, ec]
-                choice[j] = bias[0, ec].to(Float32)
-            for j in cutlass.range_constexpr(slots):
-                s = self._sigmoid(scores[j])
-                scores[j] = s
-                c = s + Float32(cutlass.select_(has_bias != 0, choice[j], Float32(0.0)))
-                choice[j] = c
-                # Key 0 is "no expert": never picked (top_k <= the experts that remain).
-                keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
-
-            if topk_group < n_group:
-                if n_count == n_group * WARP:
-                    self._mask_slot_groups(choice, keys, lane, n_group, topk_group)
-                else:
-                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
-
-            my_id, score = self._pick(keys, scores, lane, top_k)
-            weight = score
-            if renormalize != 0:
-                total = cute.arch.warp_reduction_sum(score)
-                weight = score / (total + Float32(1e-20))
-            if lane < top_k:
-                weights[m, lane] = weight * scaling
-                ids[m, lane] = my_id
+        maxima = scratch[None, 0]
+        cand_key = scratch[None, 1]
+        cand_id = scratch[None, 2]
+        cand_score = scratch[None, 3]
+        pick_id = scratch[None, 4]
+        pick_score = scratch[None, 5]
+        cute.arch.sync_warp()  # the previous token's reads of the scratch are done
+        lane_max = keys[0]
+        for j in cutlass.range_constexpr(1, slots):
+            lane_max = Uint32(cutlass.select_(keys[j] > lane_max, keys[j], lane_max))
+        maxima[lane] = lane_max
+        cute.arch.sync_warp()
+        at_least = Int32(0)  # lanes whose maximum is >= this lane's
+        for l in cutlass.range_constexpr(WARP):
+            at_least = at_least + Int32(cutlass.select_(maxima[l] >= lane_max, Int32(1), Int32(0)))
+        t = cute.arch.warp_redux_sync(
+            Uint32(cutlass.select_(at_least >= top_k, lane_max, Uint32(0))), "umax")
+        t = Uint32(cutlass.select_(t == Uint32(0), Uint32(1), t))  # never key 0 (no expert)
+        below = cute.arch.lanemask_lt()
+        count = Int32(0)
+        for j in cutlass.range_constexpr(slots):
+            is_candidate = keys[j] >= t
+            ballot = cute.arch.vote_ballot_sync(is_candidate)
+            pos = count + cute.arch.popc(ballot & below)
+            if is_candidate & (pos < WARP):
+                cand_key[pos] = keys[j]
+                cand_id[pos] = Uint32(j * WARP + lane)
+                cand_score[pos] = scores[j].bitcast(Uint32)
+            count = count + cute.arch.popc(ballot)
+        my_id, my_score = Int32(0), Float32(0.0)
+        if count <= WARP:
+            cute.arch.sync_warp()
+            mine = cand_key[lane]
+            ahead = Int32(0)
+            for d in cutlass.range_constexpr(WARP):
+                other = cand_key[d]
+                beats = (Int32(d) < count) & ((other > mine) | ((other == mine) & (d < lane)))
+                ahead = ahead + Int32(cutlass.select_(beats, Int32(1), Int32(0)))
+            if (lane < count) & (ahead < top_k):
+                pick_id[ahead] = cand_id[lane]
+                pick_score[ahead] = cand_score[lane]
+            cute.arch.sync_warp()
+            # Lanes past top_k hold no pick (zero, as the picks give them: renormalizing
+            # sums over all lanes).
+            my_id = Int32(cutlass.select_(lane < top_k, pick_id[lane].bitcast(Int32), Int32(0)))
+            my_score = Float32(cutlass.select_(lane < top_k, pick_score[lane].bitcast(Float32), Float32(0.0)))
+        else:
+            my_id, my_score = self._pick(keys, scores, lane, top_k)
+        return my_id, my_score
 
     @cute.jit
     def _lane_top2(self, keys, scores, after_key, after_slot):

@@ -1,0 +1,36 @@
+"""The fused router's handoff buffer: logits published by every CTA, polled by the router CTA.
+
+A handoff buffer is an int32 [M, N] view of a workspace that holds EMPTY in every word
+between calls. The GEMM body publishes each logit's bits there with a relaxed gpu-scope
+store as well as writing it to the logits output; the routing CTA polls the words it needs
+with relaxed gpu-scope loads (they bypass L1) until none is EMPTY, routes, and writes EMPTY
+back. A logit and its "ready" flag are the same 32-bit word, so no fence or counter is
+needed between the last GEMM store and the routing: one L2 round trip instead of the
+three of a release fence, an atomic and an acquire.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+# All bits set: a NaN that floating-point arithmetic never produces (a NaN result is the
+# canonical 0x7FFFFFFF), and publish() maps it to that anyway, so EMPTY means "not yet".
+EMPTY = -1
+CANONICAL_NAN = 0x7FFFFFFF
+
+
+@cute.jit
+def element_ptr(t: cute.Tensor, m, n):
+    return t.iterator + cute.crd2idx((m, n), t.layout)
+
+
+@cute.jit
+def publish(handoff: cute.Tensor, m, n, value: Float32):
+    bits = value.bitcast(Int32)
+    bits = Int32(cutlass.select_(bits == Int32(EMPTY), Int32(CANONICAL_NAN), bits))
+    cute.arch.store(element_ptr(handoff, m, n), bits, sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def poll(handoff: cute.Tensor, m, n) -> Int32:
+    return cute.arch.load(element_ptr(handoff, m, n), Int32, sem="relaxed", scope="gpu")
