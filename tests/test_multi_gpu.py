@@ -43,7 +43,7 @@ def test_mixed_devices_is_an_error():
 
 @pytest.mark.parametrize("m", [1, 8, 16])
 def test_router_and_norm_on_cuda1_run_on_cuda1(m):
-    """The fused router (its counters are per device and stream) and the norm kernel, with
+    """The fused router (its handoff buffers are per device and stream) and the norm kernel, with
     inputs on the second GPU while the first is current: the same results on both."""
     x, residual, norm_weight = random_bf16(m, 7168), random_bf16(m, 7168), random_bf16(7168)
     w, bias = random_bf16(256, 7168, scale=0.02), torch.randn(256) * 0.05
