@@ -126,11 +126,14 @@ class LLBf16Router:
         for m in cutlass.range(unit, m_count, ctas * self.warps, unroll=1):
             # Every load first, with no branch between them, so that they are all in flight
             # at once: one L2 round trip, not one per expert. (Without a bias the pointer is
-            # a stand-in that is valid to read; the values go unused.)
+            # a stand-in, never read: a uniform branch.)
+            choice.fill(0.0)
+            if has_bias != 0:
+                for j in cutlass.range_constexpr(slots):
+                    choice[j] = bias[0, cutlass.min(j * WARP + lane, n_count - 1)].to(Float32)
             for j in cutlass.range_constexpr(slots):
                 ec = cutlass.min(j * WARP + lane, n_count - 1)
                 scores[j] = handoff_buffer.poll(handoff, m, ec).bitcast(Float32)
-                choice[j] = bias[0, ec].to(Float32)
             # Until every logit of this token has been published: reload what is not.
             while cute.arch.vote_any_sync(self._pending(scores)):
                 for j in cutlass.range_constexpr(slots):
@@ -145,7 +148,7 @@ class LLBf16Router:
             for j in cutlass.range_constexpr(slots):
                 s = self._sigmoid(scores[j])
                 scores[j] = s
-                c = s + Float32(cutlass.select_(has_bias != 0, choice[j], Float32(0.0)))
+                c = s + choice[j]
                 choice[j] = c
                 # Key 0 is "no expert": never picked (top_k <= the experts that remain).
                 keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
