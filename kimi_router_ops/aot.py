@@ -102,7 +102,7 @@ def kernel_object(variant, vec):
 def router_object(router):
     from kernels.ll_bf16_router import LLBf16Router
 
-    return LLBf16Router(kernel_object(variants.variant(router.gemm), 8), n_max=router.n_max)
+    return LLBf16Router(kernel_object(variants.variant(router.gemm), 8), n_max=router.n_max, exclusive=router.exclusive)
 
 
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:

@@ -128,28 +128,37 @@ class RouterVariant:
     n_min: int
     n_max: int
     automatic: bool = True  # False: run only when asked for by name
+    # Alone on its SM: enough shared memory that no other CTA, of this kernel or of the next
+    # one launched early by PDL, shares an SM with a routing CTA (whose polls would queue
+    # behind that CTA's weight loads). Free where the grid fits in one CTA per SM.
+    exclusive: bool = False
 
 
 # A lane's share of the experts is a chain of instructions in one warp, so each N range gets
 # its own kernels: 8 experts a lane for DeepSeek-V3, 12 for Kimi-K2, 28 for Kimi-K3, 32 up
 # to 1024 experts (docs/benchmarks.md, "The whole router").
 ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
-# (GEMM row, M range, N ranges): each fuses the GEMM row that the GEMM op picks for the same
-# M and N (so the logits are the GEMM op's, bit for bit), except at M = 1 for more than 384
-# experts: there the tensor-core kernel of M = 2..8 made the whole router 1.5 us faster
-# than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot product is the faster
-# GEMM alone. Those logits are that kernel's, bit for bit.
+# (GEMM row, M range, N ranges, exclusive): each fuses the GEMM row that the GEMM op picks
+# for the same M and N (so the logits are the GEMM op's, bit for bit), except at M = 1 for
+# more than 384 experts: there the tensor-core kernel of M = 2..8 made the whole router
+# 1.5 us faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot
+# product is the faster GEMM alone. Those logits are that kernel's, bit for bit. The dot
+# product's grids (64 and 96 CTAs) fit one CTA per SM, and alone its routing CTA ran Kimi-K2
+# at M = 1 in 2.91 us instead of 3.69 (docs/benchmarks.md, step 25); the tensor-core
+# kernels hold a whole SM each anyway.
 ROUTER_GEMMS = (
-    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:2]),
-    ("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:]),
-    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:2]),
-    ("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES),
+    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:2], True),
+    ("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False),
+    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:2], False),
+    ("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES, False),
 )
 ROUTER_VARIANTS = tuple(
-    RouterVariant(f"router_{gemm}_n{n_max}", gemm, m_lo, m_hi, n_min, n_max)
-    for gemm, m_lo, m_hi, n_ranges in ROUTER_GEMMS
+    RouterVariant(f"router_{gemm}_n{n_max}", gemm, m_lo, m_hi, n_min, n_max, exclusive=exclusive)
+    for gemm, m_lo, m_hi, n_ranges, exclusive in ROUTER_GEMMS
     for n_min, n_max in n_ranges
 )
+
+
 @dataclass(frozen=True)
 class NormKernel:
     """A PDL-launched RMSNorm (kernels/rms_norm.py): `op` is rms_norm or fused_add_rms_norm;

@@ -1,7 +1,7 @@
 """The fused router's handoff buffer: logits published by every CTA, polled by the router CTA.
 
 A handoff buffer is an int32 [M, N] view of a workspace that holds EMPTY in every word
-between calls. The GEMM body publishes each logit's bits there with a relaxed gpu-scope
+between calls. The GEMM body publishes each logit's sigmoid score there with a relaxed gpu-scope
 store as well as writing it to the logits output; the routing CTA polls the words it needs
 with relaxed gpu-scope loads (they bypass L1) until none is EMPTY, routes, and writes EMPTY
 back. A logit and its "ready" flag are the same 32-bit word, so no fence or counter is
@@ -25,8 +25,19 @@ def element_ptr(t: cute.Tensor, m, n):
 
 
 @cute.jit
-def publish(handoff: cute.Tensor, m, n, value: Float32):
-    bits = value.bitcast(Int32)
+def sigmoid(v: Float32) -> Float32:
+    # ex2.approx and rcp.approx: about 3e-7 relative error, a handful of instructions
+    # instead of IEEE exp and divide.
+    e = cute.arch.exp2(v * Float32(-1.4426950408889634))  # 2^(-v log2 e) = e^-v
+    return cute.arch.rcp_approx(Float32(1.0) + e)
+
+
+@cute.jit
+def publish(handoff: cute.Tensor, m, n, logit: Float32):
+    """Publish the expert's sigmoid score, not its logit: the GEMM's output threads compute
+    it side by side, where the routing warp would compute 8-28 of them one after another
+    (two MUFU ops each)."""
+    bits = sigmoid(logit).bitcast(Int32)
     bits = Int32(cutlass.select_(bits == Int32(EMPTY), Int32(CANONICAL_NAN), bits))
     cute.arch.store(element_ptr(handoff, m, n), bits, sem="relaxed", scope="gpu")
 

@@ -9,18 +9,23 @@
     weights = scores[ids] / (sum + 1e-20) if renormalize, times routed_scaling_factor
 
 Every CTA runs the GEMM body of an LLBf16Dotprod or LLBf16Mma kernel, which stores the
-logits and also publishes each one in a handoff buffer (kernels/handoff.py), where a word
-is its own ready flag. Token m is then routed by one warp, of the m-th CTA from the end (or,
-with more tokens than CTAs, the next warps): it polls its token's words until all are published, routes,
-and empties them again for the next call. No fence, no counter: the routing starts one L2
-round trip after the last logit is stored. The host gives each stream, and each call
-captured into a graph, its own handoff buffer (csrc/cuda/router_handoff.cpp).
+logits and also publishes each expert's sigmoid score in a handoff buffer
+(kernels/handoff.py), where a word is its own ready flag. Token m is then routed by one
+warp, of the m-th CTA from the end (or, with more tokens than CTAs, the next warps): it
+polls its token's words until all are published, routes, and empties them again for the
+next call. No fence, no counter: the routing starts one L2 round trip after the last score
+is stored. The host gives each stream, and each call captured into a graph, its own handoff
+buffer (csrc/cuda/router_handoff.cpp).
 
 Routing, in one warp: lane l holds the choice values of experts l, l + 32, ... (up to
-`n_max`, a compile-time bound), as floats and as order-preserving unsigned keys. Group
-scores merge per-lane best pairs with shuffles. The top_k come from ranking a short list of
-candidates (every expert at least as good as the top_k-th best lane maximum): each
+`n_max`, a compile-time bound), as floats and as order-preserving unsigned keys. Groups of
+32 experts take their two best through shared memory. The top_k come from ranking a short
+list of candidates (every expert at least as good as the top_k-th best lane maximum): each
 candidate counts those ahead of it, in parallel, instead of top_k reductions in a row.
+
+One warp runs the whole chain, so its length is the latency: counts are trees of adds
+(kept as trees, see _add), and nothing waits on `redux.sync` or a shuffle butterfly where a
+few shared-memory reads will do (docs/benchmarks.md, steps 23-25).
 """
 
 import cuda.bindings.driver as cuda
@@ -28,18 +33,74 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from . import handoff as handoff_buffer
 
 WARP = 32
 # Per warp, 32 words each: lane maxima; candidates' keys, ids and scores; picks' ids, scores.
-SCRATCH_ROWS = 6
+# Before the ranking, group scores use the same words as GROUP_CHUNK rows of GROUP_ROW words,
+# one group's 32 choice values a row (36 words keeps each row 16-byte aligned and spreads
+# the rows over the banks).
+SCRATCH_ROWS = 10
+GROUP_CHUNK = 8
+GROUP_ROW = 36
+GROUP_KEYS_ROW = 9  # the group scores, past the rows
+EXCLUSIVE_SMEM = 120 * 1024
+
+
+def _tree(values, combine):
+    """Combine a list in a balanced tree: log2(n) dependent steps instead of n - 1."""
+    values = list(values)
+    while len(values) > 1:
+        values = [combine(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)] + (
+            [values[-1]] if len(values) % 2 else []
+        )
+    return values[0]
+
+
+def _tree_sum(values):
+    return _tree(values, lambda a, b: a + b)
+
+
+@dsl_user_op
+def _add(a, b, *, loc=None, ip=None) -> Int32:
+    """a + b that LLVM cannot reassociate: its reassociation pass turns a tree of integer
+    adds into one long chain (and ptxas then into a select after each add)."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
+        "add.s32 $0, $1, $2;", "=r,r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def _count(conditions):
+    """How many of the conditions hold, as a tree of adds: log2(n) steps deep."""
+    return _tree([Int32(cutlass.select_(c, Int32(1), Int32(0))) for c in conditions], _add)
+
+
+def _top2(values):
+    """The largest and second largest of 2^n floats (equal values count twice): a tree of
+    pairwise max/min, then merges of (first, second) pairs."""
+    firsts = [cute.arch.fmax(values[i], values[i + 1]) for i in range(0, len(values), 2)]
+    seconds = [cute.arch.fmin(values[i], values[i + 1]) for i in range(0, len(values), 2)]
+    while len(firsts) > 1:
+        pairs = range(0, len(firsts), 2)
+        seconds = [cute.arch.fmax(cute.arch.fmin(firsts[i], firsts[i + 1]),
+                                  cute.arch.fmax(seconds[i], seconds[i + 1])) for i in pairs]
+        firsts = [cute.arch.fmax(firsts[i], firsts[i + 1]) for i in pairs]
+    return firsts[0], seconds[0]
+
+
+def _umax(a, b):
+    return Uint32(cutlass.select_(a > b, a, b))
 
 
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -47,6 +108,7 @@ class LLBf16Router:
         self.slots = (n_max + WARP - 1) // WARP  # choice values per lane
         self.warps = gemm.threads // WARP
         self.ctas_per_sm = gemm.ctas_per_sm
+        self.exclusive = exclusive
 
     @cute.jit
     def __call__(
@@ -72,13 +134,20 @@ class LLBf16Router:
         shape["smem"] += 4 * SCRATCH_ROWS * WARP * self.warps + 16
         # As many CTAs per SM as the GEMM kernel alone gets: the routing's registers must not
         # lower the GEMM's occupancy (with 32 experts a lane they would halve the dot
-        # product's, and Kimi-K3's 224 CTAs would run in two waves). The carveout is the
-        # driver default; naming it keeps the build from querying a GPU.
+        # product's, and Kimi-K3's 224 CTAs would run in two waves). Unless exclusive: then
+        # more than half an SM's shared memory keeps every other CTA, of this kernel or of
+        # the next one (launched early by PDL, streaming its weights), off a routing CTA's
+        # SM. The carveout is the driver default; naming it keeps the build from querying a
+        # GPU.
+        ctas_per_sm = self.ctas_per_sm
+        if const_expr(self.exclusive):
+            shape["smem"] = max(shape["smem"], EXCLUSIVE_SMEM)
+            ctas_per_sm = 1
         self.kernel(
             xv, wv, bias, logits, weights, ids, handoff,
             top_k, n_group, topk_group, renormalize, has_bias, scaling,
         ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
-                 min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=-1)
+                 min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
 
     @cute.kernel
     def kernel(
@@ -124,57 +193,76 @@ class LLBf16Router:
         choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
         keys = cute.make_rmem_tensor((slots,), Uint32)
         for m in cutlass.range(unit, m_count, ctas * self.warps, unroll=1):
-            # Every load first, with no branch between them, so that they are all in flight
-            # at once: one L2 round trip, not one per expert. (Without a bias the pointer is
-            # a stand-in, never read: a uniform branch.)
-            choice.fill(0.0)
-            if has_bias != 0:
-                for j in cutlass.range_constexpr(slots):
-                    choice[j] = bias[0, cutlass.min(j * WARP + lane, n_count - 1)].to(Float32)
+            # All experts present (every real router's N): no clamped indices, so each load
+            # and store is one instruction at an immediate offset from the lane's address.
+            if n_count == slots * WARP:
+                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, True)
+            else:
+                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, False)
             for j in cutlass.range_constexpr(slots):
-                ec = cutlass.min(j * WARP + lane, n_count - 1)
-                scores[j] = handoff_buffer.poll(handoff, m, ec).bitcast(Float32)
-            # Until every logit of this token has been published: reload what is not.
-            while cute.arch.vote_any_sync(self._pending(scores)):
-                for j in cutlass.range_constexpr(slots):
-                    if scores[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY):
-                        ec = cutlass.min(j * WARP + lane, n_count - 1)
-                        scores[j] = handoff_buffer.poll(handoff, m, ec).bitcast(Float32)
-            # Empty again for the next call (which polls only after its PDL wait, when this
-            # grid has finished and its stores are visible).
-            for j in cutlass.range_constexpr(slots):
-                if j * WARP + lane < n_count:
-                    handoff[m, j * WARP + lane] = Int32(handoff_buffer.EMPTY)
-            for j in cutlass.range_constexpr(slots):
-                s = self._sigmoid(scores[j])
-                scores[j] = s
-                c = s + choice[j]
+                c = scores[j] + choice[j]
                 choice[j] = c
                 # Key 0 is "no expert": never picked (top_k <= the experts that remain).
                 keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
 
             if topk_group < n_group:
                 if n_count == n_group * WARP:
-                    self._mask_slot_groups(choice, keys, lane, n_group, topk_group)
+                    self._mask_slot_groups(choice, keys, lane, n_group, topk_group, scratch[None, None, warp])
                 else:
                     self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
 
             my_id, score = self._rank_select(keys, scores, lane, top_k, scratch[None, None, warp])
-            weight = score
+            scale = scaling
             if renormalize != 0:
-                total = cute.arch.warp_reduction_sum(score)
-                weight = score / (total + Float32(1e-20))
+                # Lanes past top_k hold 0: the sum of all 32, as a tree, is the picks' sum.
+                picked = scratch[None, 0, warp]
+                cute.arch.sync_warp()  # the ranking's reads of this row are done
+                picked[lane] = score.bitcast(Uint32)
+                cute.arch.sync_warp()
+                total = _tree_sum([picked[i].bitcast(Float32) for i in range(WARP)])
+                scale = scaling * cute.arch.rcp_approx(total + Float32(1e-20))
             if lane < top_k:
-                weights[m, lane] = weight * scaling
+                weights[m, lane] = score * scale
                 ids[m, lane] = my_id
 
     @cute.jit
-    def _sigmoid(self, v: Float32) -> Float32:
-        # ex2.approx and rcp.approx: about 3e-7 relative error, a handful of instructions
-        # instead of IEEE exp and divide (each token's routing runs on one warp, so its
-        # latency is the length of its instruction chain).
-        e = cute.arch.exp2(v * Float32(-1.4426950408889634))  # 2^(-v log2 e) = e^-v
-        return cute.arch.rcp_approx(Float32(1.0) + e)
+    def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice,
+                exact: cutlass.Constexpr):
+        """This token's scores (polled until all are published, then emptied again) and
+        biases. With `exact` every lane's experts all exist; otherwise indices are clamped
+        (loads) or the stores skipped."""
+        slots: cutlass.Constexpr = self.slots
+        # Every load first, with no branch between them, so that they are all in flight at
+        # once: one L2 round trip, not one per expert. (Without a bias its pointer is a
+        # stand-in, never read: a uniform branch.)
+        choice.fill(0.0)
+        if has_bias != 0:
+            for j in cutlass.range_constexpr(slots):
+                e = j * WARP + lane
+                if const_expr(not exact):
+                    e = cutlass.min(e, n_count - 1)
+                choice[j] = bias[0, e].to(Float32)
+        for j in cutlass.range_constexpr(slots):
+            e = j * WARP + lane
+            if const_expr(not exact):
+                e = cutlass.min(e, n_count - 1)
+            scores[j] = handoff_buffer.poll(handoff, m, e).bitcast(Float32)
+        # Until every score of this token has been published: reload what is not.
+        while cute.arch.vote_any_sync(self._pending(scores)):
+            for j in cutlass.range_constexpr(slots):
+                if scores[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY):
+                    e = j * WARP + lane
+                    if const_expr(not exact):
+                        e = cutlass.min(e, n_count - 1)
+                    scores[j] = handoff_buffer.poll(handoff, m, e).bitcast(Float32)
+        # Empty again for the next call (which polls only after its PDL wait, when this
+        # grid has finished and its stores are visible).
+        for j in cutlass.range_constexpr(slots):
+            if const_expr(exact):
+                handoff[m, j * WARP + lane] = Int32(handoff_buffer.EMPTY)
+            else:
+                if j * WARP + lane < n_count:
+                    handoff[m, j * WARP + lane] = Int32(handoff_buffer.EMPTY)
 
     @cute.jit
     def _key(self, v: Float32) -> Uint32:
@@ -199,51 +287,58 @@ class LLBf16Router:
 
         Let t be the top_k-th largest of the lanes' maxima: at least top_k experts have a
         key >= t, so every expert of the top_k does. Those candidates (usually a few more
-        than top_k) go to shared memory in expert-id order; each lane takes one and counts
-        the candidates ahead of it, which is its place. All of it is independent work on
+        than top_k) go to shared memory; each lane takes one and counts the candidates
+        ahead of it, which is its place. All of it is independent work on
         32 lanes, not a chain of top_k warp reductions. More than 32 candidates (many equal
         keys) fall back to the picks."""
         slots: cutlass.Constexpr = self.slots
         maxima = scratch[None, 0]
-        cand_key = scratch[None, 1]
-        cand_id = scratch[None, 2]
+        # Candidates as one signed 64-bit word, (key with its top bit flipped, ~id): one
+        # compare orders them, ties to the lower id.
+        cand = cute.make_tensor(cute.recast_ptr(scratch[None, 1].iterator, dtype=cutlass.Int64),
+                                cute.make_layout(WARP))  # rows 1 and 2
         cand_score = scratch[None, 3]
         pick_id = scratch[None, 4]
         pick_score = scratch[None, 5]
         cute.arch.sync_warp()  # the previous token's reads of the scratch are done
-        lane_max = keys[0]
-        for j in cutlass.range_constexpr(1, slots):
-            lane_max = Uint32(cutlass.select_(keys[j] > lane_max, keys[j], lane_max))
+        lane_max = _tree([keys[j] for j in range(slots)], _umax)
         maxima[lane] = lane_max
         cute.arch.sync_warp()
-        at_least = Int32(0)  # lanes whose maximum is >= this lane's
-        for l in cutlass.range_constexpr(WARP):
-            at_least = at_least + Int32(cutlass.select_(maxima[l] >= lane_max, Int32(1), Int32(0)))
+        at_least = _count([maxima[l] >= lane_max for l in range(WARP)])  # lanes with a max >= ours
         t = cute.arch.warp_redux_sync(
             Uint32(cutlass.select_(at_least >= top_k, lane_max, Uint32(0))), "umax")
         t = Uint32(cutlass.select_(t == Uint32(0), Uint32(1), t))  # never key 0 (no expert)
+        # Each lane's candidates go after those of the lanes below it: an exclusive prefix
+        # sum of the lanes' counts, one ballot per bit of the count.
+        is_candidate = [keys[j] >= t for j in range(slots)]
+        mine_count = _count(is_candidate)
         below = cute.arch.lanemask_lt()
+        pos = Int32(0)
         count = Int32(0)
+        for b in cutlass.range_constexpr(slots.bit_length()):
+            bits = cute.arch.vote_ballot_sync(((mine_count >> b) & 1) != 0)
+            pos = pos + (cute.arch.popc(bits & below) << b)
+            count = count + (cute.arch.popc(bits) << b)
         for j in cutlass.range_constexpr(slots):
-            is_candidate = keys[j] >= t
-            ballot = cute.arch.vote_ballot_sync(is_candidate)
-            pos = count + cute.arch.popc(ballot & below)
-            if is_candidate & (pos < WARP):
-                cand_key[pos] = keys[j]
-                cand_id[pos] = Uint32(j * WARP + lane)
+            if is_candidate[j] & (pos < WARP):
+                high = (keys[j] ^ Uint32(0x80000000)).bitcast(Int32)
+                cand[pos] = (cutlass.Int64(high) << 32) | cutlass.Int64(~Uint32(j * WARP + lane))
                 cand_score[pos] = scores[j].bitcast(Uint32)
-            count = count + cute.arch.popc(ballot)
+            pos = pos + Int32(cutlass.select_(is_candidate[j], Int32(1), Int32(0)))
         my_id, my_score = Int32(0), Float32(0.0)
         if count <= WARP:
             cute.arch.sync_warp()
-            mine = cand_key[lane]
+            mine = cand[lane]
+            # Each candidate's place: the candidates ahead of it. Usually there are a few
+            # more than top_k, so up to 16 a shorter count will do (count is the same on
+            # every lane: a uniform branch).
             ahead = Int32(0)
-            for d in cutlass.range_constexpr(WARP):
-                other = cand_key[d]
-                beats = (Int32(d) < count) & ((other > mine) | ((other == mine) & (d < lane)))
-                ahead = ahead + Int32(cutlass.select_(beats, Int32(1), Int32(0)))
+            if count <= WARP // 2:
+                ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP // 2)])
+            else:
+                ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP)])
             if (lane < count) & (ahead < top_k):
-                pick_id[ahead] = cand_id[lane]
+                pick_id[ahead] = ~Uint32(mine & cutlass.Int64(0xFFFFFFFF))
                 pick_score[ahead] = cand_score[lane]
             cute.arch.sync_warp()
             # Lanes past top_k hold no pick (zero, as the picks give them: renormalizing
@@ -325,22 +420,42 @@ class LLBf16Router:
         return first, second
 
     @cute.jit
-    def _mask_slot_groups(self, choice, keys, lane, n_group, topk_group):
+    def _mask_slot_groups(self, choice, keys, lane, n_group, topk_group, scratch):
         """Groups of exactly 32 experts (DeepSeek-V3: 256 experts, 8 groups): group g is slot
-        g of every lane, so all group scores come from independent butterflies at once, and
-        a group is kept when fewer than topk_group groups beat it (ties to the lower group)."""
-        neg_inf = Float32(-float("inf"))
-        group_key = Uint32(0)  # lane g: group g's score as a key
-        for j in cutlass.range_constexpr(self.slots):
-            first, second = self._warp_top2(choice[j], neg_inf)
-            group_key = Uint32(cutlass.select_(lane == j, self._key(first + second), group_key))
-        group_key = Uint32(cutlass.select_(lane < n_group, group_key, Uint32(0)))
-        for j in cutlass.range_constexpr(self.slots):
-            mine = cute.arch.shuffle_sync(group_key, j)
-            beaten_by = cute.arch.vote_ballot_sync(
-                (lane < n_group) & ((group_key > mine) | ((group_key == mine) & (lane < j))))
-            kept = (cute.arch.popc(beaten_by) < topk_group) & (j < n_group)
-            keys[j] = Uint32(cutlass.select_(kept, keys[j], Uint32(0)))
+        g of every lane. Shared memory turns slots into rows (8 groups at a time), so four
+        lanes read a quarter of group g's choice values each, take their two best with a
+        tree of max/min and merge them with two shuffles. Then each lane counts the groups
+        that beat its own (ties to the lower group), and a ballot gives every lane the kept
+        groups. (Eight butterflies of shuffles, or redux, take several times as long.)"""
+        slots: cutlass.Constexpr = self.slots
+        rows = cute.make_tensor(scratch.iterator, cute.make_layout((GROUP_ROW, GROUP_CHUNK)))
+        group_keys = scratch[None, GROUP_KEYS_ROW]
+        group = lane // 4
+        quarter = lane % 4
+        for c in cutlass.range_constexpr((slots + GROUP_CHUNK - 1) // GROUP_CHUNK):
+            chunk = min(slots, (c + 1) * GROUP_CHUNK) - c * GROUP_CHUNK
+            cute.arch.sync_warp()  # earlier reads of the scratch are done
+            for j in cutlass.range_constexpr(chunk):
+                rows[lane, j] = choice[c * GROUP_CHUNK + j].bitcast(Uint32)
+            cute.arch.sync_warp()
+            first, second = _top2([rows[8 * quarter + i, group].bitcast(Float32) for i in range(8)])
+            for offset in cutlass.range_constexpr(1, 3):
+                other_first = cute.arch.shuffle_sync_bfly(first, offset)
+                other_second = cute.arch.shuffle_sync_bfly(second, offset)
+                second = cute.arch.fmax(cute.arch.fmin(first, other_first),
+                                        cute.arch.fmax(second, other_second))
+                first = cute.arch.fmax(first, other_first)
+            if (quarter == 0) & (group < chunk):
+                group_keys[c * GROUP_CHUNK + group] = self._key(first + second)
+        cute.arch.sync_warp()
+        mine = group_keys[lane]
+        beaten_by = _count([
+            (Int32(i) < n_group) & ((group_keys[i] > mine) | ((group_keys[i] == mine) & (Int32(i) < lane)))
+            for i in range(slots)
+        ])
+        kept = cute.arch.vote_ballot_sync((beaten_by < topk_group) & (lane < n_group))
+        for j in cutlass.range_constexpr(slots):
+            keys[j] = Uint32(cutlass.select_(((kept >> j) & 1) != 0, keys[j], Uint32(0)))
 
     @cute.jit
     def _best_groups(self, group_key, lane, topk_group) -> Int32:
