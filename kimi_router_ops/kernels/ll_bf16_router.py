@@ -39,15 +39,17 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from . import handoff as handoff_buffer
 
 WARP = 32
-# Per warp, 32 words each: lane maxima; candidates' keys, ids and scores; picks' ids, scores.
-# Before the ranking, group scores use the same words as GROUP_CHUNK rows of GROUP_ROW words,
-# one group's 32 choice values a row (36 words keeps each row 16-byte aligned and spreads
-# the rows over the banks).
+# A routing warp's shared memory, rows of 32 words. The ranking: lane maxima (row 0, then
+# the picks' scores for the renormalizing sum), candidates as 64-bit words (rows 1-2), their
+# scores (3), the picks' ids and scores (4, 5). Before it, group scores use rows 0-8 as
+# GROUP_CHUNK rows of GROUP_ROW words, one group's 32 choice values a row (36 words keeps
+# each row 16-byte aligned and spreads the rows over the banks), and row 9 for the groups'
+# scores.
 SCRATCH_ROWS = 10
 GROUP_CHUNK = 8
 GROUP_ROW = 36
-GROUP_KEYS_ROW = 9  # the group scores, past the rows
-EXCLUSIVE_SMEM = 120 * 1024
+GROUP_KEYS_ROW = 9
+EXCLUSIVE_SMEM = 120 * 1024  # more than half of an H200's or B200's 228 KiB per SM
 
 
 def _tree(values, combine):
@@ -288,9 +290,9 @@ class LLBf16Router:
         Let t be the top_k-th largest of the lanes' maxima: at least top_k experts have a
         key >= t, so every expert of the top_k does. Those candidates (usually a few more
         than top_k) go to shared memory; each lane takes one and counts the candidates
-        ahead of it, which is its place. All of it is independent work on
-        32 lanes, not a chain of top_k warp reductions. More than 32 candidates (many equal
-        keys) fall back to the picks."""
+        ahead of it, which is its place. All of it is independent work on 32 lanes, not a
+        chain of top_k warp reductions. More than 32 candidates (many equal keys) fall back
+        to the picks."""
         slots: cutlass.Constexpr = self.slots
         maxima = scratch[None, 0]
         # Candidates as one signed 64-bit word, (key with its top bit flipped, ~id): one
