@@ -240,23 +240,14 @@ class LLBf16Router:
         choice.fill(0.0)
         if has_bias != 0:
             for j in cutlass.range_constexpr(slots):
-                e = j * WARP + lane
-                if const_expr(not exact):
-                    e = cutlass.min(e, n_count - 1)
-                choice[j] = bias[0, e].to(Float32)
+                choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
         for j in cutlass.range_constexpr(slots):
-            e = j * WARP + lane
-            if const_expr(not exact):
-                e = cutlass.min(e, n_count - 1)
-            scores[j] = handoff_buffer.poll(handoff, m, e).bitcast(Float32)
+            scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
         # Until every score of this token has been published: reload what is not.
         while cute.arch.vote_any_sync(self._pending(scores)):
             for j in cutlass.range_constexpr(slots):
                 if scores[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY):
-                    e = j * WARP + lane
-                    if const_expr(not exact):
-                        e = cutlass.min(e, n_count - 1)
-                    scores[j] = handoff_buffer.poll(handoff, m, e).bitcast(Float32)
+                    scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
         # Empty again for the next call (which polls only after its PDL wait, when this
         # grid has finished and its stores are visible).
         for j in cutlass.range_constexpr(slots):
@@ -265,6 +256,14 @@ class LLBf16Router:
             else:
                 if j * WARP + lane < n_count:
                     handoff[m, j * WARP + lane] = Int32(handoff_buffer.EMPTY)
+
+    @cute.jit
+    def _expert(self, j, lane, n_count, exact: cutlass.Constexpr):
+        """Expert j * 32 + lane, clamped to the last one unless all are known to exist."""
+        e = j * WARP + lane
+        if const_expr(not exact):
+            e = cutlass.min(e, n_count - 1)
+        return e
 
     @cute.jit
     def _key(self, v: Float32) -> Uint32:
