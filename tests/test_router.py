@@ -250,6 +250,18 @@ def test_many_equal_experts_go_to_the_lowest_ids(device, n):
 
 
 @requires_kernel_gpu
+@pytest.mark.parametrize("n_group, topk_group, top_k", [(12, 5, 8), (16, 3, 6), (32, 7, 16)])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_more_than_eight_groups_of_32(m, n_group, topk_group, top_k):
+    """Groups of exactly 32 experts take the fused kernel's shared-memory path, eight groups
+    at a time: more than eight (and a last batch of fewer) must give the same answer."""
+    x, w, bias = make_case(m, 32 * n_group, 1024, top_k, n_group, topk_group, device="cuda", seed=n_group + m)
+    assert kimi_router_ops.chosen_router_variant(m, 32 * n_group, 1024, top_k, n_group, topk_group) != "reference"
+    out = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, 1.5)
+    check_router(out, x, w, bias, top_k, n_group, topk_group, True, 1.5)
+
+
+@requires_kernel_gpu
 def test_one_stream_serves_every_shape_in_turn():
     """A stream's handoff buffer serves calls of any M and N one after another, with no
     synchronization in between: each call leaves it empty for the next."""
