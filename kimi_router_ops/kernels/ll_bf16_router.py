@@ -24,8 +24,8 @@ list of candidates (every expert at least as good as the top_k-th best lane maxi
 candidate counts those ahead of it, in parallel, instead of top_k reductions in a row.
 
 One warp runs the whole chain, so its length is the latency: counts are trees of adds
-(kept as trees, see _add), and nothing waits on `redux.sync` or a shuffle butterfly where a
-few shared-memory reads will do (docs/benchmarks.md, steps 23-25).
+(kept as trees, see _add), and nothing waits on a string of `redux.sync`s
+(docs/benchmarks.md, steps 23-26).
 """
 
 import cuda.bindings.driver as cuda
@@ -427,7 +427,8 @@ class LLBf16Router:
         lanes read a quarter of group g's choice values each, take their two best with a
         tree of max/min and merge them with two shuffles. Then each lane counts the groups
         that beat its own (ties to the lower group), and a ballot gives every lane the kept
-        groups. (Eight butterflies of shuffles, or redux, take several times as long.)"""
+        groups. (Two `redux.sync` per group took twice as long; eight shuffle butterflies
+        about as long, with more shuffles in flight.)"""
         slots: cutlass.Constexpr = self.slots
         rows = cute.make_tensor(scratch.iterator, cute.make_layout((GROUP_ROW, GROUP_CHUNK)))
         group_keys = scratch[None, GROUP_KEYS_ROW]
