@@ -8,6 +8,8 @@
 
 #include <mutex>
 
+#include "../kernel_abi.h"
+
 namespace kimi {
 
 // Devices a process may use with these kernels (per-device state is kept in arrays).
@@ -79,6 +81,11 @@ void ensure_loaded(const Kernel (&kernels)[kCount], int device) {
 // Sizes-one dimensions have arbitrary strides; give them the contiguous one so the
 // alignment test below is not fooled by a stride that is never used.
 inline int64_t row_stride(const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
+
+// A [rows, cols] tensor with unit inner stride as an exported kernel's argument.
+inline TensorArg matrix_arg(const at::Tensor& t) {
+  return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
+}
 
 inline bool vec8_aligned(const at::Tensor& t) {
   return t.size(1) % 8 == 0 && row_stride(t) % 8 == 0 &&

@@ -75,9 +75,7 @@ at::Tensor launch(const VariantRow* row, const at::Tensor& x_in, const at::Tenso
   }
   const CompiledKernel& kernel = find_kernel(*row, vec8 ? 8 : 1, out_dtype, sm);
   ensure_loaded(kCompiledKernels, device);
-  TensorArg xa{x.data_ptr(), {int32_t(M), int32_t(K)}, {row_stride(x)}};
-  TensorArg wa{w.data_ptr(), {int32_t(N), int32_t(K)}, {row_stride(w)}};
-  TensorArg oa{out.data_ptr(), {int32_t(M), int32_t(N)}, {N}};
+  TensorArg xa = matrix_arg(x), wa = matrix_arg(w), oa = matrix_arg(out);
   const int32_t err = kernel.launch(&xa, &wa, &oa, at::cuda::getCurrentCUDAStream(device));
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel.symbol);
   return out;

@@ -27,10 +27,6 @@ const CompiledRouterKernel& find_router_kernel(const RouterRow& row, c10::Scalar
   TORCH_CHECK(false, "ll_bf16_router: no compiled kernel ", row.name, " for sm_", sm);
 }
 
-TensorArg matrix_arg(const at::Tensor& t) {
-  return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
-}
-
 // `forced`: the row named by ll_bf16_router_with_variant, or nullptr for the automatic choice.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> route_on_gpu(
     const RouterRow* forced, const at::Tensor& x_in, const at::Tensor& w_in,

@@ -25,10 +25,6 @@ const CompiledNormKernel* find_norm_kernel(bool add_residual, int vec, int sm) {
   return nullptr;
 }
 
-TensorArg row_arg(const at::Tensor& t) {
-  return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
-}
-
 // Runs the kernel into out (and residual_out); false if this GPU has none.
 bool launch_norm(const at::Tensor& x_in, const at::Tensor* residual_in,
                  const at::Tensor& weight_in, double eps, const at::Tensor& out,
@@ -49,8 +45,8 @@ bool launch_norm(const at::Tensor& x_in, const at::Tensor* residual_in,
     return true;
   }
   ensure_loaded(kCompiledNormKernels, device);
-  NormArgs args{row_arg(x), row_arg(residual), row_arg(weight), row_arg(out),
-                row_arg(residual_out), static_cast<float>(eps)};
+  NormArgs args{matrix_arg(x), matrix_arg(residual), matrix_arg(weight), matrix_arg(out),
+                matrix_arg(residual_out), static_cast<float>(eps)};
   const int32_t err = kernel->launch(&args, at::cuda::getCurrentCUDAStream(device));
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
   return true;

@@ -17,11 +17,12 @@ constexpr size_t kChunkBytes = size_t(1) << 20;
 // A per-stream buffer holds the largest M * N any fused router row serves.
 constexpr int64_t kStreamWords = int64_t(kRouterMaxM) * kRouterMaxN;
 
-// Device memory handed out in pieces from chunks filled with one byte value, never freed.
-class FilledArena {
- public:
-  explicit FilledArena(int byte) : byte_(byte) {}
+// Every byte all ones: every word is kernels/handoff.py's EMPTY.
+constexpr int kEmptyByte = 0xFF;
 
+// Device memory handed out in pieces from chunks of EMPTY words, never freed.
+class EmptyArena {
+ public:
   void* take(size_t bytes) {
     bytes = (bytes + 15) / 16 * 16;  // 16-byte pieces
     if (bytes > left_) {
@@ -44,7 +45,7 @@ class FilledArena {
     cudaStream_t filling = nullptr;
     check_cuda(cudaStreamCreateWithFlags(&filling, cudaStreamNonBlocking), "creating a stream for",
                "router workspaces");
-    const cudaError_t set = cudaMemsetAsync(chunk, byte_, bytes, filling);
+    const cudaError_t set = cudaMemsetAsync(chunk, kEmptyByte, bytes, filling);
     const cudaError_t done = cudaStreamSynchronize(filling);
     cudaStreamDestroy(filling);
     check_cuda(set, "filling", "a router workspace");
@@ -53,7 +54,6 @@ class FilledArena {
     left_ = bytes;
   }
 
-  int byte_;
   char* next_ = nullptr;
   size_t left_ = 0;
 };
@@ -61,7 +61,7 @@ class FilledArena {
 struct HandoffPool {
   std::mutex mutex;
   std::map<cudaStream_t, int32_t*> by_stream;
-  FilledArena empty{0xFF};  // every word all ones: kernels/handoff.py's EMPTY
+  EmptyArena empty;
 
   int32_t* take(int64_t words) {
     return static_cast<int32_t*>(empty.take(size_t(words) * sizeof(int32_t)));
