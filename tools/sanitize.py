@@ -71,7 +71,11 @@ def main():
                     # Ids may differ only at a near-tie; a wrong handoff gives garbage.
                     same = (ids.cpu().sort(1)[0] == ref_ids.sort(1)[0]).all(1)
                     if same.float().mean() < 0.75 or not torch.allclose(weights.cpu()[same], ref_weights[same], rtol=1e-5):
-                        print(f"{r.name} m={m} n={n}: routing differs from the CPU reference")
+                        print(f"{r.name} m={m} n={n} top_k={top_k} groups={n_group}/{topk_group} "
+                              f"bias={None if bias is None else bias.dtype}: routing differs from the CPU reference")
+                        for t in range(m):
+                            print(f"  token {t}: ids {ids[t].tolist()}, reference {ref_ids[t].tolist()}, "
+                                  f"largest weight difference {(weights.cpu()[t] - ref_weights[t]).abs().max().item():.2e}")
                         sys.exit(1)
                     calls += 1
     if args.only in ("", "norm"):
