@@ -96,13 +96,16 @@ def kernel_object(variant, vec):
     params = asdict(variant.kernel)
     if family is LLBf16Dotprod:
         params["vec"] = vec
-    return family(max_m=variant.m_hi, prefetch=variant.prefetch, pdl=variant.pdl, **params)
+    kernel = family(max_m=variant.m_hi, prefetch=variant.prefetch, pdl=variant.pdl, **params)
+    kernel.trigger = variant.trigger
+    return kernel
 
 
 def router_object(router):
     from kernels.ll_bf16_router import LLBf16Router
 
-    return LLBf16Router(kernel_object(variants.variant(router.gemm), 8), n_max=router.n_max, exclusive=router.exclusive)
+    return LLBf16Router(kernel_object(variants.variant(router.gemm), 8), n_max=router.n_max,
+                        exclusive=router.exclusive, trigger=router.trigger)
 
 
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:

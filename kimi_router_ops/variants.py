@@ -62,16 +62,21 @@ class Variant:
     prefetch: bool  # load the first weight step before the PDL grid-dependency wait
     pdl: bool  # launched with programmatic dependent launch
     automatic: bool  # False: run only when asked for by name (benchmarks, tests)
+    # Where the grid lets the next kernel launch (PDL): "after_x" (once the first step's
+    # loads are issued) or "before_wait" (docs/benchmarks.md, step 32).
+    trigger: str = "after_x"
 
 
-def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False):
+def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False,
+         trigger="after_x"):
     return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll),
-                   prefetch=prefetch, pdl=True, automatic=automatic)
+                   prefetch=prefetch, pdl=True, automatic=automatic, trigger=trigger)
 
 
-def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, automatic=False, window=0):
+def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, automatic=False, window=0,
+             trigger="after_x"):
     return Variant(name, m_lo, m_hi, 1, INT32_MAX, Dotprod(rows, unroll, threads, window),
-                   prefetch=prefetch, pdl=pdl, automatic=automatic)
+                   prefetch=prefetch, pdl=pdl, automatic=automatic, trigger=trigger)
 
 
 # The automatic rows, first match wins; each was the fastest compiled kernel for its M and N
@@ -88,7 +93,11 @@ VARIANTS = (
     # M = 9..16: the same with 16 tokens a tile. (mma16_t2c8w4u7, half the warps and twice
     # the CTAs of a cluster, was chosen before for N outside 320..511; this one measured
     # 0.0-0.26 us faster there at d0c137e, and its 8 warps route twice as many tokens at
-    # once in the fused router.)
+    # once in the fused router.) For more than 384 experts it lets the next kernel launch
+    # before its PDL wait: 0.23-0.37 us faster for Kimi-K3 at M = 9..16, twice; Kimi-K2's
+    # N measured 0.23-0.29 slower, DeepSeek-V3's the same (docs/benchmarks.md, step 33).
+    _mma("mma16_t2c4w8u7_before_wait", 9, 16, 385, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
+         automatic=True, trigger="before_wait"),
     _mma("mma16_t2c4w8u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, automatic=True),
     # M = 2..4 when 16-byte loads are impossible (odd K, misaligned rows): the dot product
     # with scalar loads. Larger such M go to cuBLAS.
@@ -111,6 +120,11 @@ VARIANTS = (
     _mma("mma8_t1c8w8u4", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
     _mma("mma16_t1c8w8u4", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
     _mma("mma16_t2c8w4u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=8, warps=4, unroll=7),
+    # The M = 1..8 choices letting the next kernel launch before their PDL wait: the GEMM
+    # alone measured no faster (M = 1: 0.2-0.4 us slower; step 33).
+    _dotprod("m1_prefetch_r4_t256_before_wait", 1, 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
+    _mma("mma8_t2c4w8u7_before_wait", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
+         trigger="before_wait"),
 )
 
 
@@ -132,29 +146,44 @@ class RouterVariant:
     # one launched early by PDL, shares an SM with a routing CTA (whose polls would queue
     # behind that CTA's weight loads). Free where the grid fits in one CTA per SM.
     exclusive: bool = False
+    # Where the grid lets the next kernel launch (PDL), as in Variant.
+    trigger: str = "after_x"
 
 
 # A lane's share of the experts is a chain of instructions in one warp, so each N range gets
 # its own kernels: 8 experts a lane for DeepSeek-V3, 12 for Kimi-K2, 28 for Kimi-K3, 32 up
 # to 1024 experts (docs/benchmarks.md, "The whole router").
 ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
-# (GEMM row, M range, N ranges, exclusive): each fuses the GEMM row that the GEMM op picks
+# (GEMM row, M range, N ranges, exclusive, trigger): each fuses the GEMM row that the GEMM op picks
 # for the same M and N (so the logits are the GEMM op's, bit for bit), except at M = 1 for
 # more than 384 experts: there the tensor-core kernel of M = 2..8 made the whole router
 # 1.5 us faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot
 # product is the faster GEMM alone. Those logits are that kernel's, bit for bit. The dot
 # product's grids (64 and 96 CTAs) fit one CTA per SM, and alone its routing CTA ran Kimi-K2
 # at M = 1 in 2.91 us instead of 3.69 (docs/benchmarks.md, step 25); the tensor-core
-# kernels hold a whole SM each anyway.
+# kernels hold a whole SM each anyway. The trigger point is "before_wait" where that
+# measured faster for the whole router, twice: DeepSeek-V3 at M = 1 (-0.2 us) and Kimi-K2
+# at M = 2..8 (-0.1 to -0.2); elsewhere it measured slower (steps 32-33). It does not
+# change the logits.
 ROUTER_GEMMS = (
-    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:2], True),
-    ("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False),
-    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:2], False),
-    ("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES, False),
+    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait"),
+    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x"),
+    ("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "after_x"),
+    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:1], False, "after_x"),
+    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait"),
+    ("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES, False, "after_x"),
+)
+# Named rows: the table's "before_wait" rows with the GEMM op's trigger point, kept so the
+# benchmark shows what the choice is worth.
+ROUTER_TRIGGER_TWINS = (
+    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "after_x"),
+    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "after_x"),
 )
 ROUTER_VARIANTS = tuple(
-    RouterVariant(f"router_{gemm}_n{n_max}", gemm, m_lo, m_hi, n_min, n_max, exclusive=exclusive)
-    for gemm, m_lo, m_hi, n_ranges, exclusive in ROUTER_GEMMS
+    RouterVariant(f"router_{gemm}_n{n_max}" + ("" if automatic else f"_{trigger}"), gemm, m_lo, m_hi,
+                  n_min, n_max, automatic=automatic, exclusive=exclusive, trigger=trigger)
+    for table, automatic in ((ROUTER_GEMMS, True), (ROUTER_TRIGGER_TWINS, False))
+    for gemm, m_lo, m_hi, n_ranges, exclusive, trigger in table
     for n_min, n_max in n_ranges
 )
 

@@ -86,11 +86,19 @@ def test_prefetch_is_bitwise_equal_to_no_prefetch(model, out_dtype):
     assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_r4_t256", out_dtype))
     assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_r4_t256_nopdl", out_dtype))
     assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm(x, w, out_dtype))
+    early = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_prefetch_r4_t256_before_wait", out_dtype)
+    assert torch.equal(prefetch, early)  # the next kernel launched before our wait
     for m in (1, 5):  # the tensor-core twins
         xm = random_bf16(m, k, device="cuda")
         assert torch.equal(
             kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, "mma8_t2c4w8u7", out_dtype),
             kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, "mma8_t2c4w8u7_noprefetch", out_dtype),
+        )
+    for m, name in ((5, "mma8_t2c4w8u7"), (12, "mma16_t2c4w8u7")):  # the next kernel launched earlier
+        xm = random_bf16(m, k, device="cuda")
+        assert torch.equal(
+            kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, name, out_dtype),
+            kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, f"{name}_before_wait", out_dtype),
         )
 
 

@@ -58,7 +58,9 @@ def test_automatic_rows_cover_1_to_their_largest_m_exactly_once(n):
         (1, 256, 7168, 100, True, "m1_prefetch_r4_t256:vec8"),
         (2, 896, 7168, 90, True, "mma8_t2c4w8u7:vec8"),
         (8, 256, 7168, 100, True, "mma8_t2c4w8u7:vec8"),
-        (9, 896, 7168, 90, True, "mma16_t2c4w8u7:vec8"),
+        (9, 896, 7168, 90, True, "mma16_t2c4w8u7_before_wait:vec8"),
+        (16, 384, 7168, 90, True, "mma16_t2c4w8u7:vec8"),
+        (16, 385, 7168, 90, True, "mma16_t2c4w8u7_before_wait:vec8"),
         (16, 256, 7168, 100, True, "mma16_t2c4w8u7:vec8"),
         (17, 896, 7168, 90, True, "cublas"),
         (4096, 896, 7168, 90, True, "cublas"),
@@ -144,7 +146,9 @@ def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
         if not v.pdl:
             assert "griddepcontrol" not in ptx
             continue
-        assert "griddepcontrol.launch_dependents" in ptx.partition("griddepcontrol.wait")[2]
+        before_wait, _, after_wait = ptx.partition("griddepcontrol.wait")
+        signal = before_wait if v.trigger == "before_wait" else after_wait
+        assert "griddepcontrol.launch_dependents" in signal, v.name
         loads = global_loads_before_wait(ptx)
         if v.prefetch:
             # Exactly the first step of weight loads (one per vector), 16 bytes wide at vec 8.
@@ -224,15 +228,19 @@ def test_ptx_cluster_protocol_of_the_tensor_core_kernels():
 
 
 @requires_cuda_build
-def test_ptx_first_step_loads_all_issue_before_launch_dependents():
-    """Every load of the first step (weights and tokens) precedes launch_dependents, so the
-    whole step is in flight at once; the weight loads alone precede the PDL wait."""
+def test_ptx_first_step_loads_all_issue_before_the_first_mma():
+    """Every load of the first step (weights and tokens) precedes the first MMA, so the
+    whole step is in flight at once; launch_dependents comes after all of them, or, in the
+    "before_wait" rows, after the weight loads alone."""
     for v, vec, dt in mma_kernels():
         ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
-        head = ptx.partition("griddepcontrol.launch_dependents")[0]
         weights = 2 * v.kernel.tiles * v.kernel.unroll
         tokens = (v.m_hi // 8) * v.kernel.unroll
-        assert len(re.findall(r"ld\.global\.v4", head)) == weights + tokens, v.name
+        for mark, loads in (("mma.sync", weights + tokens),
+                            ("griddepcontrol.launch_dependents",
+                             weights if v.trigger == "before_wait" else weights + tokens)):
+            head = ptx.partition(mark)[0]
+            assert len(re.findall(r"ld\.global\.v4", head)) == loads, (v.name, mark)
 
 
 @requires_cuda_build

@@ -120,9 +120,14 @@ def fused_rows_gemm(x, w, top_k, n_group=1, topk_group=1):
 
 
 def test_fused_rows_run_the_gemm_ops_kernel():
-    """Each fused router row runs the GEMM kernel the GEMM op picks for the same M and N, so
-    the router's logits are the GEMM op's, bit for bit; the one exception is M = 1 with
-    more than 384 experts, where the tensor-core kernel of M = 2..8 routes faster."""
+    """Each fused router row runs the GEMM kernel the GEMM op picks for the same M and N (the
+    same arithmetic; only where it lets the next kernel launch may differ), so the router's
+    logits are the GEMM op's, bit for bit; the one exception is M = 1 with more than 384
+    experts, where the tensor-core kernel of M = 2..8 routes faster."""
+    def arithmetic(name):
+        v = variants.variant(name)
+        return v.kernel, v.m_hi, v.prefetch, v.pdl
+
     for n in (8, 256, 384, 385, 896, 1024):
         for m in range(1, 17):
             row = kimi_router_ops.chosen_router_variant(m, n, 7168, 8)
@@ -130,7 +135,8 @@ def test_fused_rows_run_the_gemm_ops_kernel():
             if m == 1 and n > 384:
                 assert gemm == "mma8_t2c4w8u7"
             else:
-                assert kimi_router_ops.chosen_variant(m, n, 7168) == f"{gemm}:vec8"
+                chosen, vec = kimi_router_ops.chosen_variant(m, n, 7168).split(":")
+                assert vec == "vec8" and arithmetic(chosen) == arithmetic(gemm), (m, n, chosen, gemm)
 
 
 @pytest.mark.parametrize("config", list(MODEL_CONFIGS))
@@ -421,6 +427,23 @@ def test_every_router_variant(row):
                 out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
                 check_router(out, x, w, bias, *args)
                 assert torch.equal(out[2], kimi_router_ops.ll_bf16_gemm_with_variant(x, w, row.gemm))
+
+
+@requires_kernel_gpu
+@pytest.mark.parametrize("row", [r for r in variants.ROUTER_VARIANTS if not r.automatic], ids=lambda r: r.name)
+def test_trigger_point_does_not_change_the_result(row):
+    """A named twin differs from its table row only in where the next kernel may launch:
+    the same logits, ids and weights, bit for bit."""
+    table_row = next(r for r in variants.ROUTER_VARIANTS
+                     if r.automatic and (r.gemm, r.m_lo, r.n_max) == (row.gemm, row.m_lo, row.n_max))
+    assert table_row.trigger != row.trigger
+    n = min(row.n_max, 384)
+    for m in sorted({row.m_lo, row.m_hi}):
+        x, w, bias = make_case(m, n, 7168, 8, 1, 1, "fp32", "cuda", seed=m)
+        args = (8, 1, 1, True, 2.5)
+        twin = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
+        table = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, table_row.name)
+        assert all(torch.equal(a, b) for a, b in zip(twin, table))
 
 
 @requires_kernel_gpu

@@ -59,6 +59,9 @@ class LLBf16Dotprod:
         self.prefetch_window = prefetch_window or self.first_step_loads
         if not 1 <= self.prefetch_window <= self.first_step_loads:
             raise ValueError(f"prefetch_window must be in [1, {self.first_step_loads}], got {prefetch_window}")
+        # Where the grid lets the next kernel launch (PDL): "after_x" (right after the wait)
+        # or "before_wait" (variants.py; docs/benchmarks.md, steps 32-33).
+        self.trigger = "after_x"
 
     @cute.jit
     def __call__(
@@ -142,13 +145,16 @@ class LLBf16Dotprod:
             # now, so they travel from HBM while we wait for hidden_states to be written.
             _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
             self._load_weights(wv, w_regs, w_rows, first_columns, last=self.prefetch_window)
+        # Let the next kernel launch: it cannot read our output before its own wait, which
+        # returns only once this grid has finished and flushed, so the early signal is safe,
+        # and a dependent router kernel can stream its weights while we finish.
+        if const_expr(self.pdl and self.trigger == "before_wait"):
+            cute.arch.griddepcontrol_launch_dependents()
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
-            # Let the next kernel launch now: it cannot read our output before its own wait,
-            # which returns only once this grid has finished and flushed, so the early signal
-            # is safe, and a dependent router kernel can stream its weights while we finish.
-            cute.arch.griddepcontrol_launch_dependents()
+            if const_expr(self.trigger == "after_x"):
+                cute.arch.griddepcontrol_launch_dependents()
 
         for s in cutlass.range(n_steps, unroll=1):
             kv, kv_clamped = self._step_columns(s, tidx, kv_count)

@@ -28,12 +28,22 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 from . import handoff as handoff_buffer
 
 TILE_E = 16  # experts per MMA (its M)
 TILE_T = 8  # tokens per MMA (its N)
 CHUNK_VECS = 4  # 16-byte vectors per lane group and chunk: a chunk is 32 elements of K
+
+
+@dsl_user_op
+def _keep_loads_above(*, loc=None, ip=None):
+    """An empty asm that clobbers memory: the compiler keeps step 0's loads above it, all
+    in flight at once, as launch_dependents does where it stands here."""
+    llvm.inline_asm(None, [], "", "~{memory}", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
 class LLBf16Mma:
@@ -65,6 +75,9 @@ class LLBf16Mma:
         self.experts = TILE_E * tiles  # experts per CTA
         self.token_blocks = max_m // TILE_T
         self.outputs = self.experts * max_m  # partial sums per CTA
+        # Where the grid lets the next kernel launch (PDL): "after_x" or "before_wait"
+        # (variants.py; docs/benchmarks.md, steps 32-33).
+        self.trigger = "after_x"
 
     def smem_bytes(self) -> int:
         share = (self.outputs + self.cluster_k - 1) // self.cluster_k
@@ -208,16 +221,23 @@ class LLBf16Mma:
             # W never depends on the kernel before us: request the first step's weights now,
             # so they travel from HBM while that kernel finishes writing hidden_states.
             self._load_weights(wv, w_regs, w_rows, columns)
+        if const_expr(self.pdl and self.trigger == "before_wait"):
+            # As safe as after the x loads (below), and the next kernel's CTAs get going
+            # sooner: in some fused router rows that keeps their weight stream out of the
+            # way of our handoff (docs/benchmarks.md, step 32).
+            cute.arch.griddepcontrol_launch_dependents()
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
         if const_expr(not self.prefetch):
             self._load_weights(wv, w_regs, w_rows, columns)
         self._load_tokens(xv, x_regs, x_rows, columns)
-        if const_expr(self.pdl):
+        if const_expr(self.pdl and self.trigger == "after_x"):
             # Safe this early: a dependent cannot read our output before its own wait returns,
             # which is after this grid has finished; meanwhile it can stream its weights.
             cute.arch.griddepcontrol_launch_dependents()
+        elif const_expr(self.pdl):
+            _keep_loads_above()
         self._multiply(mma, w_regs, x_regs, a_frag, acc, padding)
         for s in cutlass.range(1, n_steps, unroll=1):
             columns, padding = self._step_columns(s, chunk_first, chunk_end, t, kv_count)
