@@ -41,6 +41,16 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (out - ref).norm().item() / (denom if denom > 0 else 1.0)
 
 
+def dot_error(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
+    """The worst |out - ref| over sum_k |x_k w_k|, element by element: the scale of a dot
+    product's rounding error, which a result that nearly cancels (a logit near 0 from large
+    terms) does not shrink."""
+    out = out.double().cpu()
+    assert torch.isfinite(out).all(), "non-finite output"
+    magnitude = x.double().cpu().abs() @ w.double().cpu().abs().t()
+    return ((out - reference(x, w)).abs() / magnitude.clamp_min(1e-300)).max().item() if out.numel() else 0.0
+
+
 # Tolerances on ||out - ref|| / ||ref||: fp32 accumulation of exact bf16 products lands near
 # 1e-7; a bf16 output adds one rounding (relative 2^-9) per element.
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3}

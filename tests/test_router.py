@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from conftest import HAS_CUDA, random_bf16, requires_kernel_gpu
+from conftest import HAS_CUDA, dot_error, random_bf16, requires_kernel_gpu
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
@@ -55,12 +55,12 @@ def check_router(out, x, w, bias, top_k, n_group, topk_group, renormalize, scale
     assert ids.shape == (m, top_k) and ids.dtype == torch.int32
     assert logits.shape == (m, n) and logits.dtype == torch.float32
     assert weights.device == ids.device == logits.device == x.device
-    ref_w, ref_ids, ref_logits, masked, group_scores = reference_router(
+    ref_w, ref_ids, _, masked, group_scores = reference_router(
         x, w, bias, top_k, n_group, topk_group, renormalize, scale
     )
-    # Logits: the GEMM op's contract.
-    denom = ref_logits.norm().item() or 1.0
-    assert (logits.double().cpu() - ref_logits).norm().item() / denom <= 1e-5
+    # Logits: fp32 accumulation, judged against the scale of its rounding (a single logit
+    # may nearly cancel, where a relative error says nothing).
+    assert dot_error(logits, x, w) <= 1e-5
     ours_ids, ours_w = ids.long().cpu(), weights.double().cpu()
     # The op's own fp32 choice values (same device, same elementwise ops).
     choice_ours = (logits.sigmoid() + (bias.float() if bias is not None else 0.0)).cpu()
