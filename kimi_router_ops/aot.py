@@ -85,8 +85,9 @@ def fake_norm_arguments(vec: int):
     return [fake(m), fake(m), fake(cute.sym_int32(symbol="ONE")), fake(m), fake(m), cutlass.Float32(1e-6)]
 
 
-def kernel_object(variant, vec):
-    """The kernel class of the variant's family, with the variant's compile-time parameters."""
+def kernel_object(variant, vec, trigger=None):
+    """The kernel class of the variant's family, with the variant's compile-time parameters
+    (and its trigger point unless another is given: a fused router row's own)."""
     from dataclasses import asdict
 
     from kernels.ll_bf16_dotprod import LLBf16Dotprod
@@ -96,16 +97,15 @@ def kernel_object(variant, vec):
     params = asdict(variant.kernel)
     if family is LLBf16Dotprod:
         params["vec"] = vec
-    kernel = family(max_m=variant.m_hi, prefetch=variant.prefetch, pdl=variant.pdl, **params)
-    kernel.trigger = variant.trigger
-    return kernel
+    return family(max_m=variant.m_hi, prefetch=variant.prefetch, pdl=variant.pdl,
+                  trigger=trigger or variant.trigger, **params)
 
 
 def router_object(router):
     from kernels.ll_bf16_router import LLBf16Router
 
-    return LLBf16Router(kernel_object(variants.variant(router.gemm), 8), n_max=router.n_max,
-                        exclusive=router.exclusive, trigger=router.trigger)
+    gemm = kernel_object(variants.variant(router.gemm), 8, trigger=router.trigger)
+    return LLBf16Router(gemm, n_max=router.n_max, exclusive=router.exclusive)
 
 
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:

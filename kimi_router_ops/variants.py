@@ -13,6 +13,17 @@ from dataclasses import dataclass
 from typing import Union
 
 INT32_MAX = 2**31 - 1
+# Where a kernel lets the next one launch (PDL's griddepcontrol.launch_dependents): once its
+# first step's loads are issued ("after_x"), or right after its weight prefetch, before its
+# own grid-dependency wait ("before_wait"). Either is safe: the next kernel reads nothing
+# of ours before its own wait returns, after our grid has finished. Results do not change;
+# only what the next kernel's weight stream overlaps (docs/benchmarks.md, steps 32-33).
+TRIGGERS = ("after_x", "before_wait")
+
+
+def _check_trigger(row):
+    if row.trigger not in TRIGGERS:
+        raise ValueError(f"{row.name}: trigger must be one of {TRIGGERS}, got {row.trigger!r}")
 
 
 @dataclass(frozen=True)
@@ -62,9 +73,10 @@ class Variant:
     prefetch: bool  # load the first weight step before the PDL grid-dependency wait
     pdl: bool  # launched with programmatic dependent launch
     automatic: bool  # False: run only when asked for by name (benchmarks, tests)
-    # Where the grid lets the next kernel launch (PDL): "after_x" (once the first step's
-    # loads are issued) or "before_wait" (docs/benchmarks.md, step 32).
-    trigger: str = "after_x"
+    trigger: str = "after_x"  # one of TRIGGERS
+
+    def __post_init__(self):
+        _check_trigger(self)
 
 
 def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False,
@@ -146,16 +158,20 @@ class RouterVariant:
     # one launched early by PDL, shares an SM with a routing CTA (whose polls would queue
     # behind that CTA's weight loads). Free where the grid fits in one CTA per SM.
     exclusive: bool = False
-    # Where the grid lets the next kernel launch (PDL), as in Variant.
-    trigger: str = "after_x"
+    trigger: str = "after_x"  # one of TRIGGERS
+
+    def __post_init__(self):
+        _check_trigger(self)
 
 
 # A lane's share of the experts is a chain of instructions in one warp, so each N range gets
 # its own kernels: 8 experts a lane for DeepSeek-V3, 12 for Kimi-K2, 28 for Kimi-K3, 32 up
 # to 1024 experts (docs/benchmarks.md, "The whole router").
 ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
-# (GEMM row, M range, N ranges, exclusive, trigger): each fuses the GEMM row that the GEMM op picks
-# for the same M and N (so the logits are the GEMM op's, bit for bit), except at M = 1 for
+# (GEMM row, M range, N ranges, exclusive, trigger): each fuses the GEMM kernel that the
+# GEMM op picks for the same M and N (so the logits are the GEMM op's, bit for bit; at
+# M = 9..16 with more than 384 experts the GEMM op's row is the same kernel with the other
+# trigger point, which made the router 0.12 us slower, step 32), except at M = 1 for
 # more than 384 experts: there the tensor-core kernel of M = 2..8 made the whole router
 # 1.5 us faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot
 # product is the faster GEMM alone. Those logits are that kernel's, bit for bit. The dot

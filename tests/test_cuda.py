@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from conftest import MODEL_SHAPES, TOLERANCE, random_bf16, reference, relative_error, requires_kernel_gpu
+from conftest import MODEL_SHAPES, assert_gemm_close, random_bf16, requires_kernel_gpu
 
 pytestmark = requires_kernel_gpu
 OUT_DTYPES = [torch.float32, torch.bfloat16]
@@ -19,7 +19,7 @@ OUT_DTYPES = [torch.float32, torch.bfloat16]
 
 def check(out, x, w, out_dtype):
     assert out.shape == (x.shape[0], w.shape[0]) and out.dtype == out_dtype and out.is_cuda
-    assert relative_error(out, reference(x, w)) <= TOLERANCE[out_dtype]
+    assert_gemm_close(out, x, w, out_dtype)
 
 
 @pytest.mark.parametrize("model", list(MODEL_SHAPES))

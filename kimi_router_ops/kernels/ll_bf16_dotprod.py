@@ -38,6 +38,7 @@ class LLBf16Dotprod:
         pdl: bool,
         threads: int = 128,
         prefetch_window: int = 0,
+        trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
     ):
         if vec not in (1, 8):
             raise ValueError(f"vec must be 1 or 8, got {vec}")
@@ -59,9 +60,9 @@ class LLBf16Dotprod:
         self.prefetch_window = prefetch_window or self.first_step_loads
         if not 1 <= self.prefetch_window <= self.first_step_loads:
             raise ValueError(f"prefetch_window must be in [1, {self.first_step_loads}], got {prefetch_window}")
-        # Where the grid lets the next kernel launch (PDL): "after_x" (right after the wait)
-        # or "before_wait" (variants.py; docs/benchmarks.md, steps 32-33).
-        self.trigger = "after_x"
+        if trigger not in ("after_x", "before_wait"):
+            raise ValueError(f"trigger must be 'after_x' or 'before_wait', got {trigger!r}")
+        self.trigger = trigger
 
     @cute.jit
     def __call__(

@@ -58,6 +58,7 @@ class LLBf16Mma:
         unroll: int,
         prefetch: bool,
         pdl: bool,
+        trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
     ):
         if max_m % TILE_T != 0:
             raise ValueError(f"max_m must be a multiple of {TILE_T}, got {max_m}")
@@ -75,9 +76,9 @@ class LLBf16Mma:
         self.experts = TILE_E * tiles  # experts per CTA
         self.token_blocks = max_m // TILE_T
         self.outputs = self.experts * max_m  # partial sums per CTA
-        # Where the grid lets the next kernel launch (PDL): "after_x" or "before_wait"
-        # (variants.py; docs/benchmarks.md, steps 32-33).
-        self.trigger = "after_x"
+        if trigger not in ("after_x", "before_wait"):
+            raise ValueError(f"trigger must be 'after_x' or 'before_wait', got {trigger!r}")
+        self.trigger = trigger
 
     def smem_bytes(self) -> int:
         share = (self.outputs + self.cluster_k - 1) // self.cluster_k

@@ -102,11 +102,10 @@ def _umax(a, b):
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, trigger: str = "after_x"):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
-        gemm.trigger = trigger
         self.n_max = n_max
         self.slots = (n_max + WARP - 1) // WARP  # choice values per lane
         self.warps = gemm.threads // WARP
