@@ -105,7 +105,8 @@ def router_object(router):
     from kernels.ll_bf16_router import LLBf16Router
 
     gemm = kernel_object(variants.variant(router.gemm), 8, trigger=router.trigger)
-    return LLBf16Router(gemm, n_max=router.n_max, exclusive=router.exclusive)
+    return LLBf16Router(gemm, n_max=router.n_max, exclusive=router.exclusive,
+                        bias_prefetch=router.bias_prefetch)
 
 
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:

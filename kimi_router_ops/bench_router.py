@@ -2,7 +2,7 @@
 
 For the real router configurations and M = 1..16 this times, the same way as the GEMM
 benchmark (one CUDA graph of one call per weight copy, cold L2, median per call; back to
-back and serialized): `ll_bf16_router`; `ll_bf16_gemm` alone; `ll_bf16_gemm` followed by
+back and serialized; one bias per weight copy, so the bias is cold too): `ll_bf16_router`; `ll_bf16_gemm` alone; `ll_bf16_gemm` followed by
 the routing as torch ops (the transformers formula), eagerly and under `torch.compile`;
 and each named-only fused router row that can serve the case, forced.
 Writes <out>/router.json and <out>/router.md.
@@ -74,14 +74,17 @@ def run(configs, m_list, replays):
     for config, m in tqdm([(c, m) for c in configs for m in m_list], desc="router", unit="case"):
         n = CONFIGS[config][0]
         weights = weight_copies(n, K, 3 * l2_bytes())
-        bias = (torch.randn(n, device="cuda") * 0.05).float()
+        # One bias per weight copy, as a model has one per layer: cold in L2 like the weights.
+        biases = [(torch.randn(n, device="cuda") * 0.05).float() for _ in weights]
         x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
         for impl, fn in implementations(config, m).items():
-            us = graph_time_us([lambda w=w: fn(x, w, bias) for w in weights], replays=replays)
-            serial = graph_time_us([lambda w=w: (tiny.add_(1), fn(x, w, bias)) for w in weights], replays=replays)
+            calls = list(zip(weights, biases))
+            us = graph_time_us([lambda w=w, b=b: fn(x, w, b) for w, b in calls], replays=replays)
+            serial = graph_time_us([lambda w=w, b=b: (tiny.add_(1), fn(x, w, b)) for w, b in calls],
+                                   replays=replays)
             results.append({"config": config, "M": m, "impl": impl, "us": round(us, 3),
                             "serial_us": round(serial - node_us, 3)})
-        del weights
+        del weights, biases
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

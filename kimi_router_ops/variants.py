@@ -159,6 +159,11 @@ class RouterVariant:
     # behind that CTA's weight loads). Free where the grid fits in one CTA per SM.
     exclusive: bool = False
     trigger: str = "after_x"  # one of TRIGGERS
+    # The routing warps ask L2 for the bias at kernel entry, before the PDL wait (a prefetch
+    # reads nothing into registers, so it is safe whatever the previous kernel writes): a
+    # model's per-layer bias is cold in L2, and the routing would wait one HBM round trip
+    # for it after the poll (docs/benchmarks.md, step 34).
+    bias_prefetch: bool = True
 
     def __post_init__(self):
         _check_trigger(self)
@@ -195,12 +200,22 @@ ROUTER_TRIGGER_TWINS = (
     ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "after_x"),
     ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "after_x"),
 )
-ROUTER_VARIANTS = tuple(
-    RouterVariant(f"router_{gemm}_n{n_max}" + ("" if automatic else f"_{trigger}"), gemm, m_lo, m_hi,
-                  n_min, n_max, automatic=automatic, exclusive=exclusive, trigger=trigger)
-    for table, automatic in ((ROUTER_GEMMS, True), (ROUTER_TRIGGER_TWINS, False))
-    for gemm, m_lo, m_hi, n_ranges, exclusive, trigger in table
-    for n_min, n_max in n_ranges
+
+
+def _router_rows(table, automatic, bias_prefetch, suffix):
+    return tuple(
+        RouterVariant(f"router_{gemm}_n{n_max}" + suffix(trigger), gemm, m_lo, m_hi, n_min, n_max,
+                      automatic=automatic, exclusive=exclusive, trigger=trigger, bias_prefetch=bias_prefetch)
+        for gemm, m_lo, m_hi, n_ranges, exclusive, trigger in table
+        for n_min, n_max in n_ranges
+    )
+
+
+ROUTER_VARIANTS = (
+    _router_rows(ROUTER_GEMMS, True, True, lambda trigger: "")
+    + _router_rows(ROUTER_TRIGGER_TWINS, False, True, lambda trigger: f"_{trigger}")
+    # Every table row without the bias prefetch: what it is worth with a cold bias.
+    + _router_rows(ROUTER_GEMMS, False, False, lambda trigger: "_no_bias_prefetch")
 )
 
 

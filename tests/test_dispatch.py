@@ -262,3 +262,24 @@ def test_ptx_fused_router_hands_off_through_the_buffer(arch):
         assert wait < ptx.index("st.relaxed.gpu") < ptx.index("ld.relaxed.gpu"), r.name
         assert ptx.index("ld.relaxed.gpu") < ptx.index("redux.sync"), r.name
         assert not re.search(r"\batom\.|\bfence\.|membar", ptx), r.name
+
+
+@requires_cuda_build
+@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
+    """A row with the bias prefetch asks L2 for the bias (kernel parameter 2) before the PDL
+    wait with one prefetch instruction, and loads nothing but the weights' first step
+    there; without it, no prefetch at all."""
+    for r, dt, a, _ in variants.compiled_router_kernels():
+        if a != arch:
+            continue
+        ptx = ptx_body(variants.router_kernel_symbol(r, dt, arch), arch)
+        head = ptx.partition("griddepcontrol.wait")[0]
+        assert ptx.count("prefetch.") == head.count("prefetch.global.L2 ") == int(r.bias_prefetch), r.name
+        gemm = variants.variant(r.gemm)
+        assert len(global_loads_before_wait(ptx)) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0)
+        if r.bias_prefetch:
+            params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
+            bias = next(reg for reg, p in params.items() if p == "2")
+            addr = re.search(r"prefetch\.global\.L2 \[(%rd\d+)\];", head).group(1)
+            assert re.search(rf"add\.s64\s+{addr}, {bias}, %rd\d+;", head), r.name

@@ -95,6 +95,14 @@ def _top2(values):
     return firsts[0], seconds[0]
 
 
+@dsl_user_op
+def _prefetch_l2(ptr, *, loc=None, ip=None):
+    """prefetch.global.L2: bring the line into L2, return nothing."""
+    llvm.inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value()], "prefetch.global.L2 [$0];", "l",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                    loc=loc, ip=ip)
+
+
 def _umax(a, b):
     return Uint32(cutlass.select_(a > b, a, b))
 
@@ -102,7 +110,7 @@ def _umax(a, b):
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = True):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -111,6 +119,7 @@ class LLBf16Router:
         self.warps = gemm.threads // WARP
         self.ctas_per_sm = gemm.ctas_per_sm
         self.exclusive = exclusive
+        self.bias_prefetch = bias_prefetch
 
     @cute.jit
     def __call__(
@@ -168,11 +177,38 @@ class LLBf16Router:
         has_bias: Int32,
         scaling: Float32,
     ):
+        if const_expr(self.bias_prefetch):
+            if has_bias != 0:
+                self._prefetch_bias(bias, handoff.shape[0])
         self.gemm.body(xv, wv, logits, handoff)
         smem = cutlass.utils.SmemAllocator()
         scratch = smem.allocate_tensor(Uint32, cute.make_layout((WARP, SCRATCH_ROWS, self.warps)), 16)
         self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
                     has_bias, scaling, scratch)
+
+    @cute.jit
+    def _routing_unit(self):
+        """This warp's first routing unit: token m is routed by the warp whose unit is m
+        (see _route)."""
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        bx, by, bz = cute.arch.block_idx()
+        gx, gy, gz = cute.arch.grid_dim()
+        ctas = gx * gy * gz
+        return warp * ctas + (ctas - 1 - (bx + gx * (by + gy * bz))), ctas
+
+    @cute.jit
+    def _prefetch_bias(self, bias, m_count):
+        """Each routing warp asks L2 for the bias, one 128-byte line a lane, so that its
+        loads after the poll hit L2. The bias is a model parameter, read-only here like the
+        weights, and a prefetch returns nothing: it is safe before the PDL wait, and it
+        does not move the routing warp's own loads (issued earlier, those made its first
+        poll leave too soon and miss: docs/benchmarks.md, step 31)."""
+        unit, _ = self._routing_unit()
+        if unit < m_count:
+            per_line: cutlass.Constexpr = 128 * 8 // bias.element_type.width
+            e = cute.arch.lane_idx() * per_line
+            if e < bias.shape[1]:
+                _prefetch_l2(handoff_buffer.element_ptr(bias, 0, e))
 
     @cute.jit
     def _route(self, handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
@@ -185,10 +221,7 @@ class LLBf16Router:
         slots: cutlass.Constexpr = self.slots
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        bx, by, bz = cute.arch.block_idx()
-        gx, gy, gz = cute.arch.grid_dim()
-        ctas = gx * gy * gz
-        unit = warp * ctas + (ctas - 1 - (bx + gx * (by + gy * bz)))
+        unit, ctas = self._routing_unit()
         m_count = handoff.shape[0]
         n_count = handoff.shape[1]
         scores = cute.make_rmem_tensor((slots,), Float32)
