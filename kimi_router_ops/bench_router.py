@@ -2,14 +2,16 @@
 
 For the real router configurations and M = 1..16 this times, the same way as the GEMM
 benchmark (one CUDA graph of one call per weight copy, cold L2, median per call; back to
-back and serialized; one bias per weight copy, so the bias is cold too): `ll_bf16_router`; `ll_bf16_gemm` alone; `ll_bf16_gemm` followed by
-the routing as torch ops (the transformers formula), eagerly and under `torch.compile`;
-and each named-only fused router row that can serve the case, forced.
+back and serialized; one bias per weight copy, so the bias is cold too): `ll_bf16_router`;
+`ll_bf16_gemm` alone; `ll_bf16_gemm` followed by the routing as torch ops (the transformers
+formula), eagerly and under `torch.compile`; and each named-only fused router row that can
+serve the case, forced. Each cell is the median of --rounds fresh captures, taken in turn.
 Writes <out>/router.json and <out>/router.md.
 """
 
 import argparse
 import datetime
+import statistics
 
 import torch
 
@@ -65,7 +67,7 @@ def implementations(config, m):
     return impls
 
 
-def run(configs, m_list, replays):
+def run(configs, m_list, replays, rounds):
     from tqdm import tqdm
 
     node_us = empty_node_us()
@@ -77,18 +79,29 @@ def run(configs, m_list, replays):
         # One bias per weight copy, as a model has one per layer: cold in L2 like the weights.
         biases = [(torch.randn(n, device="cuda") * 0.05).float() for _ in weights]
         x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
-        for impl, fn in implementations(config, m).items():
-            calls = list(zip(weights, biases))
-            us = graph_time_us([lambda w=w, b=b: fn(x, w, b) for w, b in calls], replays=replays)
-            serial = graph_time_us([lambda w=w, b=b: (tiny.add_(1), fn(x, w, b)) for w, b in calls],
-                                   replays=replays)
-            results.append({"config": config, "M": m, "impl": impl, "us": round(us, 3),
-                            "serial_us": round(serial - node_us, 3)})
+        calls = list(zip(weights, biases))
+        impls = implementations(config, m)
+        samples = {impl: ([], []) for impl in impls}
+        # Each round captures every implementation's graphs afresh (new outputs and handoff
+        # buffers, so new addresses), in turn: a cell is the median of its rounds, and a
+        # drift in the GPU's state during the case reaches every implementation alike.
+        for _ in range(rounds):
+            for impl, fn in impls.items():
+                back_to_back, serialized = samples[impl]
+                back_to_back.append(graph_time_us([lambda w=w, b=b: fn(x, w, b) for w, b in calls],
+                                                  replays=replays))
+                serialized.append(graph_time_us([lambda w=w, b=b: (tiny.add_(1), fn(x, w, b)) for w, b in calls],
+                                                replays=replays) - node_us)
+        for impl, (back_to_back, serialized) in samples.items():
+            results.append({"config": config, "M": m, "impl": impl,
+                            "us": round(statistics.median(back_to_back), 3),
+                            "serial_us": round(statistics.median(serialized), 3),
+                            "rounds_us": [round(us, 3) for us in back_to_back]})
         del weights, biases
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "replays": replays, "results": results,
+        "replays": replays, "rounds": rounds, "results": results,
     }
 
 
@@ -96,7 +109,8 @@ def markdown(report) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in report["results"]))
     lines = [
         f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: "
-        "us per call, cold L2; back to back (serialized in brackets)",
+        f"us per call, cold L2, median of {report.get('rounds', 1)} rounds; back to back "
+        "(serialized in brackets)",
         "",
         "| config | M | " + " | ".join(impls) + " | router − GEMM | compiled ÷ router |",
         "|---" * (len(impls) + 4) + "|",
@@ -115,8 +129,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="fresh graphs per cell, taken in turn; the cell is their median")
     args = parse_bench_args(parser)
-    report = run(args.configs, args.m, args.replays)
+    report = run(args.configs, args.m, args.replays, max(1, args.rounds))
     save_report(args.out, "router", report, markdown(report))
 
 
