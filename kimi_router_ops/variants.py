@@ -159,14 +159,23 @@ class RouterVariant:
     # behind that CTA's weight loads). Free where the grid fits in one CTA per SM.
     exclusive: bool = False
     trigger: str = "after_x"  # one of TRIGGERS
-    # The routing warps ask L2 for the bias at kernel entry, before the PDL wait (a prefetch
-    # reads nothing into registers, so it is safe whatever the previous kernel writes): a
-    # model's per-layer bias is cold in L2, and the routing would wait one HBM round trip
-    # for it after the poll (docs/benchmarks.md, step 34).
-    bias_prefetch: bool = True
+    # How the routing warps ask L2 for the bias at kernel entry, before the PDL wait (a
+    # prefetch reads nothing into registers, so it is safe whatever the previous kernel
+    # writes): one of BIAS_PREFETCHES. A model's per-layer bias is cold in L2, and the
+    # routing would wait one HBM round trip for it after the poll (docs/benchmarks.md,
+    # step 34).
+    bias_prefetch: str = "bulk"
 
     def __post_init__(self):
         _check_trigger(self)
+        if self.bias_prefetch not in BIAS_PREFETCHES:
+            raise ValueError(f"{self.name}: bias_prefetch must be one of {BIAS_PREFETCHES}, "
+                             f"got {self.bias_prefetch!r}")
+
+
+# "bulk": one copy-engine prefetch of the whole bias (cp.async.bulk.prefetch.L2); "lines": one
+# prefetch.global.L2 per 128-byte line, a lane each; "none".
+BIAS_PREFETCHES = ("bulk", "lines", "none")
 
 
 # A lane's share of the experts is a chain of instructions in one warp, so each N range gets
@@ -212,10 +221,11 @@ def _router_rows(table, automatic, bias_prefetch, suffix):
 
 
 ROUTER_VARIANTS = (
-    _router_rows(ROUTER_GEMMS, True, True, lambda trigger: "")
-    + _router_rows(ROUTER_TRIGGER_TWINS, False, True, lambda trigger: f"_{trigger}")
-    # Every table row without the bias prefetch: what it is worth with a cold bias.
-    + _router_rows(ROUTER_GEMMS, False, False, lambda trigger: "_no_bias_prefetch")
+    _router_rows(ROUTER_GEMMS, True, "bulk", lambda trigger: "")
+    + _router_rows(ROUTER_TRIGGER_TWINS, False, "bulk", lambda trigger: f"_{trigger}")
+    # Every table row with the other bias prefetches: what each is worth with a cold bias.
+    + _router_rows(ROUTER_GEMMS, False, "lines", lambda trigger: "_bias_lines")
+    + _router_rows(ROUTER_GEMMS, False, "none", lambda trigger: "_no_bias_prefetch")
 )
 
 

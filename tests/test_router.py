@@ -287,6 +287,24 @@ def test_bias_steers_the_choice_but_not_the_weights():
     torch.testing.assert_close(weights, logits.sigmoid().gather(1, ids.long()))
 
 
+@requires_kernel_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0, 1, 3, 5])
+def test_bias_at_any_alignment(dtype, offset):
+    """A bias that starts inside a 16-byte unit (a slice of a larger tensor): the kernels'
+    bias prefetch covers only whole units inside it, and every row routes it right."""
+    n = 384
+    for row in variants.ROUTER_VARIANTS:
+        if not row.n_min <= n <= row.n_max:
+            continue
+        x, w, bias = make_case(row.m_lo, n, 7168, 8, 1, 1, None, "cuda", seed=offset)
+        bias = (torch.randn(n + offset, device="cuda") * 0.1).to(dtype)[offset:]
+        assert bias.data_ptr() % 16 == (offset * bias.element_size()) % 16
+        args = (8, 1, 1, True, 2.5)
+        out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
+        check_router(out, x, w, bias, *args)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
     for m, n, k, top_k, n_group, topk_group in [(3, 64, 96, 6, 4, 2), (1, 256, 512, 8, 8, 4), (0, 16, 8, 2, 1, 1)]:

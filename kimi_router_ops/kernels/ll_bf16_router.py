@@ -32,7 +32,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass import Float32, Int32, Int64, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -96,9 +96,19 @@ def _top2(values):
 
 
 @dsl_user_op
-def _prefetch_l2(ptr, *, loc=None, ip=None):
-    """prefetch.global.L2: bring the line into L2, return nothing."""
-    llvm.inline_asm(None, [ptr.toint(loc=loc, ip=ip).ir_value()], "prefetch.global.L2 [$0];", "l",
+def _prefetch_line_l2(address, *, loc=None, ip=None):
+    """prefetch.global.L2: bring one line into L2, return nothing."""
+    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
+                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                    loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _prefetch_bulk_l2(address, size, *, loc=None, ip=None):
+    """cp.async.bulk.prefetch.L2: the copy engine brings [address, address + size) into L2
+    (both 16-byte aligned); the thread goes on at once."""
+    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip), Int32(size).ir_value(loc=loc, ip=ip)],
+                    "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r",
                     has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
                     loc=loc, ip=ip)
 
@@ -110,7 +120,7 @@ def _umax(a, b):
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = True):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: str = "bulk"):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -177,7 +187,7 @@ class LLBf16Router:
         has_bias: Int32,
         scaling: Float32,
     ):
-        if const_expr(self.bias_prefetch):
+        if const_expr(self.bias_prefetch != "none"):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
         self.gemm.body(xv, wv, logits, handoff)
@@ -198,17 +208,27 @@ class LLBf16Router:
 
     @cute.jit
     def _prefetch_bias(self, bias, m_count):
-        """Each routing warp asks L2 for the bias, one 128-byte line a lane, so that its
-        loads after the poll hit L2. The bias is a model parameter, read-only here like the
-        weights, and a prefetch returns nothing: it is safe before the PDL wait, and it
-        does not move the routing warp's own loads (issued earlier, those made its first
-        poll leave too soon and miss: docs/benchmarks.md, step 31)."""
+        """Each routing warp asks L2 for the bias, so that its loads after the poll hit L2:
+        "bulk", one copy-engine prefetch of the whole bias by lane 0; "lines", one
+        prefetch instruction a lane, a 128-byte line each. The bias is a model parameter,
+        read-only here like the weights, and a prefetch returns nothing: it is safe before
+        the PDL wait, and it does not move the routing warp's own loads (issued earlier,
+        those made its first poll leave too soon and miss: docs/benchmarks.md, step 31)."""
         unit, _ = self._routing_unit()
         if unit < m_count:
-            per_line: cutlass.Constexpr = 128 * 8 // bias.element_type.width
-            e = cute.arch.lane_idx() * per_line
-            if e < bias.shape[1]:
-                _prefetch_l2(handoff_buffer.element_ptr(bias, 0, e))
+            start = handoff_buffer.element_ptr(bias, 0, 0).toint()
+            size = bias.shape[1] * (bias.element_type.width // 8)
+            lane = cute.arch.lane_idx()
+            if const_expr(self.bias_prefetch == "bulk"):
+                # The 16-byte units inside the bias (all of it, when it is 16-byte aligned
+                # and N a multiple of 4 floats or 8 bf16, as in every real router).
+                first = (start + 15) & Int64(-16)
+                last = (start + size) & Int64(-16)
+                if (lane == 0) & (last > first):
+                    _prefetch_bulk_l2(first, Int32(last - first))
+            else:
+                if lane * 128 < size:
+                    _prefetch_line_l2(start + lane * 128)
 
     @cute.jit
     def _route(self, handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
