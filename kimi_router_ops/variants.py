@@ -10,7 +10,7 @@ Adding a variant is one row here, plus the benchmark number that justifies it
 """
 
 from dataclasses import dataclass
-from typing import Union
+from typing import NamedTuple, Union
 
 INT32_MAX = 2**31 - 1
 # Where a kernel lets the next one launch (PDL's griddepcontrol.launch_dependents): once its
@@ -137,6 +137,10 @@ VARIANTS = (
     _dotprod("m1_prefetch_r4_t256_before_wait", 1, 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
     _mma("mma8_t2c4w8u7_before_wait", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
          trigger="before_wait"),
+    # Eight experts a CTA: Kimi-K3's 896 in 112 CTAs, one wave of one CTA per SM, for the
+    # fused router at M = 1 (each thread's K columns are the chosen kernel's, so the logits
+    # are too, bit for bit).
+    _dotprod("m1_prefetch_r8_t256", 1, 1, rows=8, unroll=4, threads=256),
 )
 
 
@@ -159,73 +163,84 @@ class RouterVariant:
     # behind that CTA's weight loads). Free where the grid fits in one CTA per SM.
     exclusive: bool = False
     trigger: str = "after_x"  # one of TRIGGERS
-    # How the routing warps ask L2 for the bias at kernel entry, before the PDL wait (a
-    # prefetch reads nothing into registers, so it is safe whatever the previous kernel
-    # writes): one of BIAS_PREFETCHES. A model's per-layer bias is cold in L2, and the
-    # routing would wait one HBM round trip for it after the poll (docs/benchmarks.md,
-    # step 34).
-    bias_prefetch: str = "bulk"
+    # The routing warps ask L2 for the bias at kernel entry, before the PDL wait (one
+    # cp.async.bulk.prefetch.L2: it reads nothing into registers, so it is safe whatever
+    # the previous kernel writes). A model's per-layer bias is cold in L2 by the time the
+    # routing reads it (docs/benchmarks.md, step 34).
+    bias_prefetch: bool = False
 
     def __post_init__(self):
         _check_trigger(self)
-        if self.bias_prefetch not in BIAS_PREFETCHES:
-            raise ValueError(f"{self.name}: bias_prefetch must be one of {BIAS_PREFETCHES}, "
-                             f"got {self.bias_prefetch!r}")
-
-
-# "bulk": one copy-engine prefetch of the whole bias (cp.async.bulk.prefetch.L2); "lines": one
-# prefetch.global.L2 per 128-byte line, a lane each; "none".
-BIAS_PREFETCHES = ("bulk", "lines", "none")
 
 
 # A lane's share of the experts is a chain of instructions in one warp, so each N range gets
 # its own kernels: 8 experts a lane for DeepSeek-V3, 12 for Kimi-K2, 28 for Kimi-K3, 32 up
 # to 1024 experts (docs/benchmarks.md, "The whole router").
 ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
-# (GEMM row, M range, N ranges, exclusive, trigger): each fuses the GEMM kernel that the
-# GEMM op picks for the same M and N (so the logits are the GEMM op's, bit for bit; at
-# M = 9..16 with more than 384 experts the GEMM op's row is the same kernel with the other
-# trigger point, which made the router 0.12 us slower, step 32), except at M = 1 for
-# more than 384 experts: there the tensor-core kernel of M = 2..8 made the whole router
+# (GEMM row, M range, N ranges, exclusive, trigger, bias prefetch): each fuses the GEMM
+# kernel that the GEMM op picks for the same M and N (so the logits are the GEMM op's, bit
+# for bit; at M = 9..16 with more than 384 experts the GEMM op's row is the same kernel with
+# the other trigger point, which made the router 0.12 us slower, step 32), except at M = 1
+# for more than 384 experts: there the tensor-core kernel of M = 2..8 made the whole router
 # 1.5 us faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot
 # product is the faster GEMM alone. Those logits are that kernel's, bit for bit. The dot
 # product's grids (64 and 96 CTAs) fit one CTA per SM, and alone its routing CTA ran Kimi-K2
 # at M = 1 in 2.91 us instead of 3.69 (docs/benchmarks.md, step 25); the tensor-core
 # kernels hold a whole SM each anyway. The trigger point is "before_wait" where that
 # measured faster for the whole router, twice: DeepSeek-V3 at M = 1 (-0.2 us) and Kimi-K2
-# at M = 2..8 (-0.1 to -0.2); elsewhere it measured slower (steps 32-33). It does not
-# change the logits.
+# at M = 2..8 (-0.1 to -0.2); elsewhere it measured slower (steps 32-33). The bias
+# prefetch is on where it measured faster with a cold bias in every run (step 34): the dot
+# products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too) and
+# M = 9..16 with more than 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same); the
+# other tensor-core rows were 0.05-0.18 us slower with it serialized, and back to back
+# from 0.06 faster to 0.18 slower. Neither choice changes the results.
+class RouterGemm(NamedTuple):
+    gemm: str
+    m_lo: int
+    m_hi: int
+    n_ranges: tuple
+    exclusive: bool
+    trigger: str
+    bias_prefetch: bool
+
+
 ROUTER_GEMMS = (
-    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait"),
-    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x"),
-    ("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "after_x"),
-    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:1], False, "after_x"),
-    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait"),
-    ("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES, False, "after_x"),
-)
-# Named rows: the table's "before_wait" rows with the GEMM op's trigger point, kept so the
-# benchmark shows what the choice is worth.
-ROUTER_TRIGGER_TWINS = (
-    ("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "after_x"),
-    ("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "after_x"),
+    RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait", True),
+    RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x", True),
+    RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "after_x", False),
+    RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:1], False, "after_x", False),
+    RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
+    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
+    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "after_x", True),
 )
 
 
-def _router_rows(table, automatic, bias_prefetch, suffix):
+def _router_rows(table, automatic, suffix=""):
     return tuple(
-        RouterVariant(f"router_{gemm}_n{n_max}" + suffix(trigger), gemm, m_lo, m_hi, n_min, n_max,
-                      automatic=automatic, exclusive=exclusive, trigger=trigger, bias_prefetch=bias_prefetch)
-        for gemm, m_lo, m_hi, n_ranges, exclusive, trigger in table
-        for n_min, n_max in n_ranges
+        RouterVariant(f"router_{row.gemm}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi, n_min, n_max,
+                      automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
+                      bias_prefetch=row.bias_prefetch)
+        for row in table
+        for n_min, n_max in row.n_ranges
     )
 
 
 ROUTER_VARIANTS = (
-    _router_rows(ROUTER_GEMMS, True, "bulk", lambda trigger: "")
-    + _router_rows(ROUTER_TRIGGER_TWINS, False, "bulk", lambda trigger: f"_{trigger}")
-    # Every table row with the other bias prefetches: what each is worth with a cold bias.
-    + _router_rows(ROUTER_GEMMS, False, "lines", lambda trigger: "_bias_lines")
-    + _router_rows(ROUTER_GEMMS, False, "none", lambda trigger: "_no_bias_prefetch")
+    _router_rows(ROUTER_GEMMS, True)
+    # Named twins, so that the benchmark shows what each choice is worth: the "before_wait"
+    # rows with the GEMM op's trigger point, and every row with the other bias choice.
+    + _router_rows([row._replace(trigger="after_x") for row in ROUTER_GEMMS if row.trigger == "before_wait"],
+                   False, "_after_x")
+    + _router_rows([row._replace(bias_prefetch=False) for row in ROUTER_GEMMS if row.bias_prefetch],
+                   False, "_no_bias_prefetch")
+    + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
+                   False, "_bias_prefetch")
+    # Candidates for Kimi-K3: at M = 1 the dot product of eight experts a CTA, alone on its
+    # SM like the M = 1 rows above; at M = 9..16 the GEMM op's trigger point.
+    + _router_rows([RouterGemm("m1_prefetch_r8_t256", 1, 1, ROUTER_N_RANGES[2:3], True, "after_x", True)], False)
+    + _router_rows([RouterGemm("m1_prefetch_r8_t256", 1, 1, ROUTER_N_RANGES[2:3], True, "before_wait", True),
+                    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:3], False, "before_wait", True)],
+                   False, "_before_wait")
 )
 
 

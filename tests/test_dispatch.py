@@ -267,24 +267,20 @@ def test_ptx_fused_router_hands_off_through_the_buffer(arch):
 @requires_cuda_build
 @pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
 def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
-    """A row with a bias prefetch asks L2 for the bias (kernel parameter 2) before the PDL
-    wait with one prefetch instruction of its kind, and loads nothing but the weights'
-    first step there; without one, no prefetch at all."""
-    kinds = {"bulk": "cp.async.bulk.prefetch.L2.global [", "lines": "prefetch.global.L2 [", "none": None}
+    """A row with the bias prefetch asks L2 for the bias (kernel parameter 2, rounded up to
+    16 bytes) before the PDL wait with one bulk prefetch, and loads nothing but the
+    weights' first step there; without it, no prefetch at all."""
     for r, dt, a, _ in variants.compiled_router_kernels():
         if a != arch:
             continue
         ptx = ptx_body(variants.router_kernel_symbol(r, dt, arch), arch)
         head = ptx.partition("griddepcontrol.wait")[0]
-        assert ptx.count("prefetch.") == head.count("prefetch.") == int(r.bias_prefetch != "none"), r.name
+        assert ptx.count("prefetch") == head.count("cp.async.bulk.prefetch.L2.global [") == int(r.bias_prefetch)
         gemm = variants.variant(r.gemm)
         assert len(global_loads_before_wait(ptx)) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0)
-        if r.bias_prefetch != "none":
-            assert head.count(kinds[r.bias_prefetch]) == 1, r.name
+        if r.bias_prefetch:
             params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
             bias = next(reg for reg, p in params.items() if p == "2")
-            addr = re.search(r"prefetch\.[.\w]*L2[.\w]* \[(%rd\d+)\]", head).group(1)
-            # The address is the bias pointer plus an offset (rounded to 16 bytes for "bulk").
-            source = re.search(rf"(?:add\.s64|and\.b64)\s+{addr}, (%rd\d+), ", head).group(1)
-            if source != bias:
-                assert re.search(rf"add\.s64\s+{source}, {bias}, 15;", head), (r.name, addr)
+            addr = re.search(r"cp\.async\.bulk\.prefetch\.L2\.global \[(%rd\d+)\]", head).group(1)
+            rounded = re.search(rf"and\.b64\s+{addr}, (%rd\d+), -16;", head).group(1)
+            assert re.search(rf"add\.s64\s+{rounded}, {bias}, 15;", head), r.name

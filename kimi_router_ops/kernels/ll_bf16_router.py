@@ -96,14 +96,6 @@ def _top2(values):
 
 
 @dsl_user_op
-def _prefetch_line_l2(address, *, loc=None, ip=None):
-    """prefetch.global.L2: bring one line into L2, return nothing."""
-    llvm.inline_asm(None, [Int64(address).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l",
-                    has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-                    loc=loc, ip=ip)
-
-
-@dsl_user_op
 def _prefetch_bulk_l2(address, size, *, loc=None, ip=None):
     """cp.async.bulk.prefetch.L2: the copy engine brings [address, address + size) into L2
     (both 16-byte aligned); the thread goes on at once."""
@@ -120,7 +112,7 @@ def _umax(a, b):
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: str = "bulk"):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -187,7 +179,7 @@ class LLBf16Router:
         has_bias: Int32,
         scaling: Float32,
     ):
-        if const_expr(self.bias_prefetch != "none"):
+        if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
         self.gemm.body(xv, wv, logits, handoff)
@@ -209,26 +201,21 @@ class LLBf16Router:
     @cute.jit
     def _prefetch_bias(self, bias, m_count):
         """Each routing warp asks L2 for the bias, so that its loads after the poll hit L2:
-        "bulk", one copy-engine prefetch of the whole bias by lane 0; "lines", one
-        prefetch instruction a lane, a 128-byte line each. The bias is a model parameter,
-        read-only here like the weights, and a prefetch returns nothing: it is safe before
-        the PDL wait, and it does not move the routing warp's own loads (issued earlier,
-        those made its first poll leave too soon and miss: docs/benchmarks.md, step 31)."""
+        one copy-engine prefetch from lane 0 (one prefetch.global.L2 a lane instead, on each
+        128-byte line, measured slower: docs/benchmarks.md, step 34). The bias is a model
+        parameter, read-only here like the weights, and a prefetch returns nothing: it is
+        safe before the PDL wait, and it does not move the routing warp's own loads (issued
+        earlier, those made its first poll leave too soon and miss: step 31)."""
         unit, _ = self._routing_unit()
         if unit < m_count:
             start = handoff_buffer.element_ptr(bias, 0, 0).toint()
             size = bias.shape[1] * (bias.element_type.width // 8)
-            lane = cute.arch.lane_idx()
-            if const_expr(self.bias_prefetch == "bulk"):
-                # The 16-byte units inside the bias (all of it, when it is 16-byte aligned
-                # and N a multiple of 4 floats or 8 bf16, as in every real router).
-                first = (start + 15) & Int64(-16)
-                last = (start + size) & Int64(-16)
-                if (lane == 0) & (last > first):
-                    _prefetch_bulk_l2(first, Int32(last - first))
-            else:
-                if lane * 128 < size:
-                    _prefetch_line_l2(start + lane * 128)
+            # The 16-byte units inside the bias (all of it, when it is 16-byte aligned and N
+            # a multiple of 4 floats or 8 bf16, as in every real router).
+            first = (start + 15) & Int64(-16)
+            last = (start + size) & Int64(-16)
+            if (cute.arch.lane_idx() == 0) & (last > first):
+                _prefetch_bulk_l2(first, Int32(last - first))
 
     @cute.jit
     def _route(self, handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
