@@ -137,10 +137,6 @@ VARIANTS = (
     _dotprod("m1_prefetch_r4_t256_before_wait", 1, 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
     _mma("mma8_t2c4w8u7_before_wait", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
          trigger="before_wait"),
-    # Eight experts a CTA: Kimi-K3's 896 in 112 CTAs, one wave of one CTA per SM, for the
-    # fused router at M = 1 (each thread's K columns are the chosen kernel's, so the logits
-    # are too, bit for bit).
-    _dotprod("m1_prefetch_r8_t256", 1, 1, rows=8, unroll=4, threads=256),
 )
 
 
@@ -179,16 +175,16 @@ class RouterVariant:
 ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
 # (GEMM row, M range, N ranges, exclusive, trigger, bias prefetch): each fuses the GEMM
 # kernel that the GEMM op picks for the same M and N (so the logits are the GEMM op's, bit
-# for bit; at M = 9..16 with more than 384 experts the GEMM op's row is the same kernel with
-# the other trigger point, which made the router 0.12 us slower, step 32), except at M = 1
-# for more than 384 experts: there the tensor-core kernel of M = 2..8 made the whole router
+# for bit), except at M = 1 for more than 384 experts: there the tensor-core kernel of M = 2..8 made the whole router
 # 1.5 us faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot
 # product is the faster GEMM alone. Those logits are that kernel's, bit for bit. The dot
 # product's grids (64 and 96 CTAs) fit one CTA per SM, and alone its routing CTA ran Kimi-K2
 # at M = 1 in 2.91 us instead of 3.69 (docs/benchmarks.md, step 25); the tensor-core
 # kernels hold a whole SM each anyway. The trigger point is "before_wait" where that
 # measured faster for the whole router, twice: DeepSeek-V3 at M = 1 (-0.2 us) and Kimi-K2
-# at M = 2..8 (-0.1 to -0.2); elsewhere it measured slower (steps 32-33). The bias
+# at M = 2..8 (-0.1 to -0.2), elsewhere slower (steps 32-33); and at M = 9..16 above 384
+# experts, as in the GEMM op's row, since with the bias prefetch it measured 0.22 us faster
+# for Kimi-K3 (step 35; without it, 0.12 slower in step 32). The bias
 # prefetch is on where it measured faster with a cold bias in every run (step 34): the dot
 # products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too) and
 # M = 9..16 with more than 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same); the
@@ -211,7 +207,7 @@ ROUTER_GEMMS = (
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:1], False, "after_x", False),
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
     RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
-    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "after_x", True),
+    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", True),
 )
 
 
@@ -235,12 +231,6 @@ ROUTER_VARIANTS = (
                    False, "_no_bias_prefetch")
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
-    # Candidates for Kimi-K3: at M = 1 the dot product of eight experts a CTA, alone on its
-    # SM like the M = 1 rows above; at M = 9..16 the GEMM op's trigger point.
-    + _router_rows([RouterGemm("m1_prefetch_r8_t256", 1, 1, ROUTER_N_RANGES[2:3], True, "after_x", True)], False)
-    + _router_rows([RouterGemm("m1_prefetch_r8_t256", 1, 1, ROUTER_N_RANGES[2:3], True, "before_wait", True),
-                    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:3], False, "before_wait", True)],
-                   False, "_before_wait")
 )
 
 

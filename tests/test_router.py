@@ -447,14 +447,26 @@ def test_every_router_variant(row):
                 assert torch.equal(out[2], kimi_router_ops.ll_bf16_gemm_with_variant(x, w, row.gemm))
 
 
+def table_row_of(row):
+    """The table row a named twin differs from, or None for another kernel."""
+    return next((r for r in variants.ROUTER_VARIANTS
+                 if r.automatic and (r.gemm, r.m_lo, r.n_max) == (row.gemm, row.m_lo, row.n_max)), None)
+
+
+def test_every_named_router_row_is_a_twin_of_a_table_row():
+    for row in variants.ROUTER_VARIANTS:
+        if not row.automatic:
+            table_row = table_row_of(row)
+            assert table_row is not None, row.name
+            assert (table_row.trigger, table_row.bias_prefetch) != (row.trigger, row.bias_prefetch), row.name
+
+
 @requires_kernel_gpu
 @pytest.mark.parametrize("row", [r for r in variants.ROUTER_VARIANTS if not r.automatic], ids=lambda r: r.name)
 def test_named_twin_gives_the_table_rows_result(row):
     """A named twin differs from its table row only in where the next kernel may launch or
     in the bias prefetch: the same logits, ids and weights, bit for bit."""
-    table_row = next(r for r in variants.ROUTER_VARIANTS
-                     if r.automatic and (r.gemm, r.m_lo, r.n_max) == (row.gemm, row.m_lo, row.n_max))
-    assert (table_row.trigger, table_row.bias_prefetch) != (row.trigger, row.bias_prefetch)
+    table_row = table_row_of(row)
     n = min(row.n_max, 384)
     for m in sorted({row.m_lo, row.m_hi}):
         x, w, bias = make_case(m, n, 7168, 8, 1, 1, "fp32", "cuda", seed=m)
