@@ -173,33 +173,37 @@ class RouterVariant:
 # its own kernels: 8 experts a lane for DeepSeek-V3, 12 for Kimi-K2, 28 for Kimi-K3, 32 up
 # to 1024 experts (docs/benchmarks.md, "The whole router").
 ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
-# (GEMM row, M range, N ranges, exclusive, trigger, bias prefetch): each fuses the GEMM
-# kernel that the GEMM op picks for the same M and N (so the logits are the GEMM op's, bit
-# for bit), except at M = 1 for more than 384 experts: there the tensor-core kernel of M = 2..8 made the whole router
-# 1.5 us faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot
-# product is the faster GEMM alone. Those logits are that kernel's, bit for bit. The dot
-# product's grids (64 and 96 CTAs) fit one CTA per SM, and alone its routing CTA ran Kimi-K2
-# at M = 1 in 2.91 us instead of 3.69 (docs/benchmarks.md, step 25); the tensor-core
-# kernels hold a whole SM each anyway. The trigger point is "before_wait" where that
-# measured faster for the whole router, twice: DeepSeek-V3 at M = 1 (-0.2 us) and Kimi-K2
-# at M = 2..8 (-0.1 to -0.2), elsewhere slower (steps 32-33); and at M = 9..16 above 384
-# experts, as in the GEMM op's row, since with the bias prefetch it measured 0.22 us faster
-# for Kimi-K3 (step 35; without it, 0.12 slower in step 32). The bias
-# prefetch is on where it measured faster with a cold bias in every run (step 34): the dot
-# products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too) and
-# M = 9..16 with more than 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same); the
-# other tensor-core rows were 0.05-0.18 us slower with it serialized, and back to back
-# from 0.06 faster to 0.18 slower. Neither choice changes the results.
+
+
 class RouterGemm(NamedTuple):
-    gemm: str
+    """One entry of ROUTER_GEMMS: a GEMM row fused for an M range and some N ranges."""
+
+    gemm: str  # a row of VARIANTS
     m_lo: int
     m_hi: int
-    n_ranges: tuple
+    n_ranges: tuple  # of ROUTER_N_RANGES
     exclusive: bool
     trigger: str
     bias_prefetch: bool
 
 
+# Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N (so the
+# logits are the GEMM op's, bit for bit), except at M = 1 for more than 384 experts: there
+# the tensor-core kernel of M = 2..8 made the whole router 1.5 us faster than the dot
+# product (Kimi-K3: 5.83 against 7.36 us), though the dot product is the faster GEMM alone,
+# and those logits are that kernel's, bit for bit. The dot product's grids (64 and 96
+# CTAs) fit one CTA per SM, and alone its routing CTA ran Kimi-K2 at M = 1 in 2.91 us
+# instead of 3.69 (docs/benchmarks.md, step 25); the tensor-core kernels hold a whole SM
+# each anyway.
+# The trigger point is "before_wait" where that measured faster for the whole router,
+# twice: DeepSeek-V3 at M = 1 (-0.2 us), Kimi-K2 at M = 2..8 (-0.1 to -0.2), and, with the
+# bias prefetch, Kimi-K3 at M = 9..16 (-0.22 and -0.24, step 35; the GEMM op's own point
+# there); elsewhere it measured slower (steps 32-33).
+# The bias prefetch is on where it measured faster with a cold bias in every run (step 34):
+# the dot products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too)
+# and M = 9..16 above 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same). The other
+# tensor-core rows were 0.05-0.18 us slower with it serialized, and back to back from 0.06
+# faster to 0.18 slower. Neither choice changes the results.
 ROUTER_GEMMS = (
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait", True),
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x", True),
