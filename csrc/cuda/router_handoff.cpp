@@ -24,7 +24,8 @@ constexpr int kEmptyByte = 0xFF;
 class EmptyArena {
  public:
   void* take(size_t bytes) {
-    bytes = (bytes + 15) / 16 * 16;  // 16-byte pieces
+    // 128-byte pieces: a warp's tile list then fills whole sectors (kernels/handoff.py).
+    bytes = (bytes + 127) / 128 * 128;
     if (bytes > left_) {
       refill(std::max(bytes, kChunkBytes));
     }

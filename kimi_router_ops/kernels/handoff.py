@@ -12,9 +12,13 @@ needed between the last GEMM store and the routing: one L2 round trip instead of
 three of a release fence, an atomic and an acquire.
 
 Tile lists (the tensor-core kernels, where one warp holds one token's 32 experts of a tile):
-the warp ranks its 32 experts and publishes its best `depth` as entries (key, expert id,
-score, unused) of 16 bytes, entry [m, j, tile] = the tile's j-th best, at words
-4 * (j * n_tiles + tile) of row m. Each of the three used words is its own flag, as above.
+the warp ranks its 32 experts and publishes its best `depth` (an even number) as entries
+(key, expert id, score, 0) of 16 bytes: entry [m, tile, j], the tile's j-th best, at words
+ENTRY_WORDS * (tile * LIST_ENTRIES + j) of row m. Each of the three used words is its own
+flag, as above. One warp's store fills whole 32-byte sectors of the buffer (rows and tiles
+start at multiples of 512 bytes, the host aligns the buffer to 128): a sector written in
+part by one store and in part by another, into a line not in L2, is read back only after
+L2 fills it from DRAM (docs/benchmarks.md, step 36).
 """
 
 import cutlass
@@ -23,7 +27,9 @@ from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from variants import ROUTER_HANDOFF_ENTRY_WORDS as ENTRY_WORDS  # aot.py imports kernels/ beside variants
+# aot.py imports kernels/ beside variants.
+from variants import ROUTER_HANDOFF_ENTRY_WORDS as ENTRY_WORDS
+from variants import ROUTER_MAX_TOP_K as LIST_ENTRIES
 
 # All bits set: a NaN that floating-point arithmetic never produces (a NaN result is the
 # canonical 0x7FFFFFFF), and publish() maps it to that anyway, so EMPTY means "not yet".
@@ -66,8 +72,8 @@ def poll(handoff: cute.Tensor, m, n) -> Int32:
 
 
 @cute.jit
-def entry_ptr(handoff: cute.Tensor, m, entry):
-    return element_ptr(handoff, m, ENTRY_WORDS * entry)
+def entry_ptr(handoff: cute.Tensor, m, tile, j):
+    return element_ptr(handoff, m, ENTRY_WORDS * (tile * LIST_ENTRIES + j))
 
 
 @dsl_user_op

@@ -130,15 +130,14 @@ class _Publisher:
     (kernels/handoff.py), as scores or, where the GEMM finishes a tile of 32 experts per warp
     and the call allows it (LLBf16Router._uses_tile_lists), as tile lists."""
 
-    FIELDS = ("handoff", "bias", "has_bias", "lists", "depth", "n_tiles", "scratch")
+    FIELDS = ("handoff", "bias", "has_bias", "lists", "depth", "scratch")
 
-    def __init__(self, handoff, bias, has_bias, lists, depth, n_tiles, scratch):
+    def __init__(self, handoff, bias, has_bias, lists, depth, scratch):
         self.handoff = handoff
         self.bias = bias
         self.has_bias = has_bias
         self.lists = lists
         self.depth = depth
-        self.n_tiles = n_tiles
         self.scratch = scratch
 
     # The DSL carries a publisher through the GEMM body's run-time branches as its values.
@@ -188,9 +187,8 @@ class _Publisher:
             ties = cute.arch.popc(cute.arch.match_sync(0xFFFFFFFF, key, "any") & cute.arch.lanemask_lt())
             rank = _add(greater, Int32(ties))
             if rank < self.depth:
-                handoff_buffer.publish_entry(
-                    handoff_buffer.entry_ptr(self.handoff, m, rank * self.n_tiles + expert // WARP),
-                    key.bitcast(Int32), expert, score.bitcast(Int32))
+                handoff_buffer.publish_entry(handoff_buffer.entry_ptr(self.handoff, m, expert // WARP, rank),
+                                             key.bitcast(Int32), expert, score.bitcast(Int32))
         else:
             if valid:
                 handoff_buffer.publish(self.handoff, m, expert, logit)
@@ -279,15 +277,17 @@ class LLBf16Router:
         n_count = logits.shape[1]
         lists = self._uses_tile_lists(n_count, top_k, n_group, topk_group)
         depth = self._list_depth(top_k, n_group, topk_group)
-        publisher = _Publisher(handoff, bias, has_bias, lists, depth, (n_count + WARP - 1) // WARP, scratch)
+        publisher = _Publisher(handoff, bias, has_bias, lists, depth, scratch)
         self.gemm.body(xv, wv, logits, publisher)
         self._route(handoff, bias, weights, ids, n_count, top_k, n_group, topk_group, renormalize,
                     has_bias, scaling, lists, depth, scratch)
 
     @cute.jit
     def _list_depth(self, top_k, n_group, topk_group) -> Int32:
-        """Entries each tile publishes: top_k, and two for the group scores."""
-        return Int32(cutlass.select_(topk_group < n_group, cutlass.max(top_k, 2), top_k))
+        """Entries each tile publishes: top_k (at least two for the group scores), rounded up
+        to even, so that a warp's entries fill whole 32-byte sectors (kernels/handoff.py).
+        More entries than top_k are more candidates, which cannot change the picks."""
+        return (cutlass.max(top_k, Int32(cutlass.select_(topk_group < n_group, 2, 1))) + 1) & Int32(-2)
 
     @cute.jit
     def _uses_tile_lists(self, n_count, top_k, n_group, topk_group) -> cutlass.Boolean:
@@ -407,7 +407,7 @@ class LLBf16Router:
         tile = cutlass.min(lane, n_tiles - 1)
         # Every load first, as in _gather; entries past the lists' depth or past the last
         # tile read the last ones again (in bounds, published) and are then dropped.
-        entries = [handoff_buffer.entry_ptr(handoff, m, cutlass.min(Int32(j), depth - 1) * n_tiles + tile)
+        entries = [handoff_buffer.entry_ptr(handoff, m, tile, cutlass.min(Int32(j), depth - 1))
                    for j in range(slots)]
         for j in cutlass.range_constexpr(slots):
             key, expert, score = handoff_buffer.poll_entry(entries[j])
