@@ -277,6 +277,7 @@ class LLBf16Router:
         n_count = logits.shape[1]
         lists = self._uses_tile_lists(n_count, top_k, n_group, topk_group)
         depth = self._list_depth(top_k, n_group, topk_group)
+        self._prefetch_handoff(handoff, n_count, lists, depth)
         publisher = _Publisher(handoff, bias, has_bias, lists, depth, scratch)
         self.gemm.body(xv, wv, logits, publisher)
         self._route(handoff, bias, weights, ids, n_count, top_k, n_group, topk_group, renormalize,
@@ -310,6 +311,26 @@ class LLBf16Router:
         gx, gy, gz = cute.arch.grid_dim()
         ctas = gx * gy * gz
         return warp * ctas + (ctas - 1 - (bx + gx * (by + gy * bz))), ctas
+
+    @cute.jit
+    def _prefetch_handoff(self, handoff, n_count, lists, depth):
+        """Each routing warp asks L2 for the handoff words it will poll, at kernel entry (one
+        copy-engine prefetch a row, or a tile list a lane). A call's buffer is cold in L2 when
+        its turn comes (in a CUDA graph each call has its own): a poll that reaches L2 before
+        the publishers' stores then misses and waits for DRAM, and only the next poll can
+        see the scores (docs/benchmarks.md, step 36). Safe before the PDL wait: the last
+        stores to these words were the previous call's, and a prefetch returns nothing."""
+        unit, ctas = self._routing_unit()
+        lane = cute.arch.lane_idx()
+        for m in cutlass.range(unit, handoff.shape[0], ctas * self.warps, unroll=1):
+            if lists:
+                if lane < (n_count + WARP - 1) // WARP:
+                    _prefetch_bulk_l2(handoff_buffer.entry_ptr(handoff, m, lane, 0).toint(),
+                                      depth * (4 * handoff_buffer.ENTRY_WORDS))
+            else:
+                if lane == 0:
+                    # The row starts 128-byte aligned and holds more than N words.
+                    _prefetch_bulk_l2(handoff_buffer.element_ptr(handoff, m, 0).toint(), (n_count * 4 + 15) & Int32(-16))
 
     @cute.jit
     def _prefetch_bias(self, bias, m_count):
