@@ -164,9 +164,6 @@ class RouterVariant:
     # the previous kernel writes). A model's per-layer bias is cold in L2 by the time the
     # routing reads it (docs/benchmarks.md, step 34).
     bias_prefetch: bool = False
-    # Hand off tile lists (kernels/handoff.py) where the GEMM finishes a 32-expert tile per
-    # warp (the tensor-core rows) and the call allows it; False: always every score.
-    tile_lists: bool = True
 
     def __post_init__(self):
         _check_trigger(self)
@@ -188,7 +185,6 @@ class RouterGemm(NamedTuple):
     exclusive: bool
     trigger: str
     bias_prefetch: bool
-    tile_lists: bool = True
 
 
 # Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N (so the
@@ -223,7 +219,7 @@ def _router_rows(table, automatic, suffix=""):
     return tuple(
         RouterVariant(f"router_{row.gemm}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi, n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
-                      bias_prefetch=row.bias_prefetch, tile_lists=row.tile_lists)
+                      bias_prefetch=row.bias_prefetch)
         for row in table
         for n_min, n_max in row.n_ranges
     )
@@ -232,14 +228,13 @@ def _router_rows(table, automatic, suffix=""):
 ROUTER_VARIANTS = (
     _router_rows(ROUTER_GEMMS, True)
     # Named twins, so that the benchmark shows what each choice is worth: the "before_wait"
-    # rows with the GEMM op's trigger point, the prefetching rows without the bias
-    # prefetch, and the tensor-core rows handing off every score instead of tile lists.
+    # rows with the GEMM op's trigger point, and every row with the other bias choice.
     + _router_rows([row._replace(trigger="after_x") for row in ROUTER_GEMMS if row.trigger == "before_wait"],
                    False, "_after_x")
     + _router_rows([row._replace(bias_prefetch=False) for row in ROUTER_GEMMS if row.bias_prefetch],
                    False, "_no_bias_prefetch")
-    + _router_rows([row._replace(tile_lists=False) for row in ROUTER_GEMMS if row.gemm.startswith("mma")],
-                   False, "_scores")
+    + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
+                   False, "_bias_prefetch")
 )
 
 
@@ -263,14 +258,6 @@ NORM_KERNELS = tuple(NormKernel(op, vec) for op in ("rms_norm", "fused_add_rms_n
 # The router's top_k ids are spread over the lanes of a warp, its group scores too.
 ROUTER_MAX_TOP_K = 32
 ROUTER_MAX_GROUPS = 32
-# The router's handoff buffer (kernels/handoff.py): a row per token, either N score words or
-# tile lists of up to ROUTER_MAX_TOP_K entries of this many words for each 32-expert tile.
-ROUTER_HANDOFF_ENTRY_WORDS = 4
-
-
-def router_handoff_row_words(n: int) -> int:
-    """Words of one token's row of the router's handoff buffer, for N experts."""
-    return ROUTER_HANDOFF_ENTRY_WORDS * ROUTER_MAX_TOP_K * ((n + 31) // 32)
 
 OUT_DTYPES = ("float32", "bfloat16")
 BIAS_DTYPES = ("float32", "bfloat16")  # e_score_correction_bias, fp32 or the model's bf16
@@ -336,7 +323,6 @@ def write_variant_table_header(path: str) -> None:
     text = (
         "// Generated from kimi_router_ops/variants.py by setup.py. Do not edit.\n"
         "#pragma once\n"
-        "#include <cstdint>\n\n"
         '#include "variant_row.h"\n\n'
         "namespace kimi {\n"
         "// inline: one array for the whole program, so row pointers compare across files.\n"
@@ -350,10 +336,6 @@ def write_variant_table_header(path: str) -> None:
         f"inline constexpr int kRouterMaxM = {max(r.m_hi for r in ROUTER_VARIANTS)};\n"
         f"inline constexpr int kRouterMaxN = {max(r.n_max for r in ROUTER_VARIANTS)};\n"
         f"inline constexpr int kRouterMaxGroups = {ROUTER_MAX_GROUPS};\n"
-        "// variants.router_handoff_row_words\n"
-        "inline constexpr int64_t router_handoff_row_words(int64_t n) {\n"
-        f"  return int64_t({ROUTER_HANDOFF_ENTRY_WORDS * ROUTER_MAX_TOP_K}) * ((n + 31) / 32);\n"
-        "}\n"
         "}  // namespace kimi\n"
     )
     _write_if_changed(path, text)

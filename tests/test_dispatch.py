@@ -124,13 +124,6 @@ def test_aot_objects_present():
     assert (AOT_DIR / "kimi_kernels.h").exists()
 
 
-def router_hands_off_tile_lists(router):
-    """Whether the router row's GEMM finishes a 32-expert tile per warp: the tensor-core
-    rows of 32 experts a CTA (kernels/handoff.py)."""
-    kernel = variants.variant(router.gemm).kernel
-    return router.tile_lists and isinstance(kernel, variants.Mma) and kernel.tiles == 2
-
-
 def ptx_body(symbol, arch):
     return (AOT_DIR / arch / f"{symbol}.ptx").read_text()
 
@@ -267,14 +260,6 @@ def test_ptx_fused_router_hands_off_through_the_buffer(arch):
         # First look and re-poll, in the all-experts path and the clamped one.
         assert ptx.count("ld.relaxed.gpu.global.b32") == 2 * 2 * slots, r.name
         assert wait < ptx.index("st.relaxed.gpu") < ptx.index("ld.relaxed.gpu"), r.name
-        if router_hands_off_tile_lists(r):
-            # One entry published a lane, a lane's slots of entries polled (first look and
-            # re-poll) and emptied again, 16 bytes each.
-            assert ptx.count("st.relaxed.gpu.global.v4.b32") == 1 + slots, r.name
-            assert ptx.count("ld.relaxed.gpu.global.v4.b32") == 2 * slots, r.name
-            assert wait < ptx.index("st.relaxed.gpu.global.v4") < ptx.index("ld.relaxed.gpu.global.v4"), r.name
-        else:
-            assert ".v4.b32" not in "".join(re.findall(r"(?:ld|st)\.relaxed[.\w]*", ptx)), r.name
         assert ptx.index("ld.relaxed.gpu") < ptx.index("redux.sync"), r.name
         assert not re.search(r"\batom\.|\bfence\.|membar", ptx), r.name
 
@@ -282,28 +267,20 @@ def test_ptx_fused_router_hands_off_through_the_buffer(arch):
 @requires_cuda_build
 @pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
 def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
-    """Before the PDL wait every row asks L2 for the handoff words it will poll, and a row
-    with the bias prefetch for the bias too (kernel parameter 2, rounded up to 16 bytes),
-    with bulk prefetches; it loads nothing but the weights' first step there and, with
-    tile lists, each publishing lane's bias (one scalar load)."""
+    """A row with the bias prefetch asks L2 for the bias (kernel parameter 2, rounded up to
+    16 bytes) before the PDL wait with one bulk prefetch, and loads nothing but the
+    weights' first step there; without it, no prefetch at all."""
     for r, dt, a, _ in variants.compiled_router_kernels():
         if a != arch:
             continue
         ptx = ptx_body(variants.router_kernel_symbol(r, dt, arch), arch)
         head = ptx.partition("griddepcontrol.wait")[0]
-        # The handoff's prefetch (scores, and tile lists where the row has them) and the bias's.
-        handoff_prefetches = 2 if router_hands_off_tile_lists(r) else 1
-        assert ptx.count("prefetch") == head.count("cp.async.bulk.prefetch.L2.global [") == (
-            handoff_prefetches + int(r.bias_prefetch)), r.name
+        assert ptx.count("prefetch") == head.count("cp.async.bulk.prefetch.L2.global [") == int(r.bias_prefetch)
         gemm = variants.variant(r.gemm)
-        loads = global_loads_before_wait(ptx)
-        weight_loads = gemm.kernel.prefetch_loads() if gemm.prefetch else 0
-        bias_loads = 1 if router_hands_off_tile_lists(r) else 0
-        assert len(loads) == weight_loads + bias_loads, r.name
-        assert sum(".v4." not in load for load in loads) == bias_loads, r.name
+        assert len(global_loads_before_wait(ptx)) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0)
         if r.bias_prefetch:
             params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
             bias = next(reg for reg, p in params.items() if p == "2")
-            rounded_up = {rounded for addr in re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global \[(%rd\d+)\]", head)
-                          for rounded in re.findall(rf"and\.b64\s+{addr}, (%rd\d+), -16;", head)}
-            assert any(re.search(rf"add\.s64\s+{reg}, {bias}, 15;", head) for reg in rounded_up), r.name
+            addr = re.search(r"cp\.async\.bulk\.prefetch\.L2\.global \[(%rd\d+)\]", head).group(1)
+            rounded = re.search(rf"and\.b64\s+{addr}, (%rd\d+), -16;", head).group(1)
+            assert re.search(rf"add\.s64\s+{rounded}, {bias}, 15;", head), r.name

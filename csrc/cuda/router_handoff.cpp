@@ -14,8 +14,8 @@ namespace kimi {
 namespace {
 
 constexpr size_t kChunkBytes = size_t(1) << 20;
-// A per-stream buffer holds the largest call any fused router row serves.
-constexpr int64_t kStreamWords = int64_t(kRouterMaxM) * router_handoff_row_words(kRouterMaxN);
+// A per-stream buffer holds the largest M * N any fused router row serves.
+constexpr int64_t kStreamWords = int64_t(kRouterMaxM) * kRouterMaxN;
 
 // Every byte all ones: every word is kernels/handoff.py's EMPTY.
 constexpr int kEmptyByte = 0xFF;
@@ -24,8 +24,7 @@ constexpr int kEmptyByte = 0xFF;
 class EmptyArena {
  public:
   void* take(size_t bytes) {
-    // 128-byte pieces: a warp's tile list then fills whole sectors (kernels/handoff.py).
-    bytes = (bytes + 127) / 128 * 128;
+    bytes = (bytes + 15) / 16 * 16;  // 16-byte pieces
     if (bytes > left_) {
       refill(std::max(bytes, kChunkBytes));
     }

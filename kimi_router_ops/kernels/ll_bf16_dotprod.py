@@ -22,6 +22,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from . import handoff as handoff_buffer
+
 
 class LLBf16Dotprod:
     """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
@@ -109,9 +111,9 @@ class LLBf16Dotprod:
         self.body(xv, wv, out)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, publisher=None):
-        """The whole GEMM; the fused router kernel runs it and then routes, and passes a
-        publisher (kernels/ll_bf16_router.py) that also hands every logit to the routing."""
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
+        """The whole GEMM; the fused router kernel runs it and then routes (and passes a
+        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
         max_m: cutlass.Constexpr = self.max_m
         rows: cutlass.Constexpr = self.rows_per_cta
         unroll: cutlass.Constexpr = self.unroll
@@ -201,5 +203,5 @@ class LLBf16Dotprod:
                 total = total + partials[tidx, wi]
             if m < m_count and n_first + r < n_count:
                 out[m, n_first + r] = total.to(out.element_type)
-                if const_expr(publisher is not None):
-                    publisher.publish_one(m, n_first + r, total)
+                if const_expr(handoff is not None):
+                    handoff_buffer.publish(handoff, m, n_first + r, total)

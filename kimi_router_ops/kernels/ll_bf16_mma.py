@@ -31,6 +31,8 @@ from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
+from . import handoff as handoff_buffer
+
 TILE_E = 16  # experts per MMA (its M)
 TILE_T = 8  # tokens per MMA (its N)
 CHUNK_VECS = 4  # 16-byte vectors per lane group and chunk: a chunk is 32 elements of K
@@ -161,11 +163,9 @@ class LLBf16Mma:
         self.body(xv, wv, out)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, publisher=None):
-        """The whole GEMM; the fused router kernel runs it and then routes, and passes a
-        publisher (kernels/ll_bf16_router.py) that also hands every logit to the routing.
-        Each warp finishes the 32 experts of one tile for one token (one a lane, see
-        `finishes_tiles_by_warp`), so the publisher may work across the warp."""
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
+        """The whole GEMM; the fused router kernel runs it and then routes (and passes a
+        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks
@@ -214,15 +214,6 @@ class LLBf16Mma:
             # now, wait just before the first remote store (long satisfied by then).
             cute.arch.cluster_arrive_relaxed()
 
-        share = (outputs + cluster_k - 1) // cluster_k
-        # The outputs this thread finishes (see the reduction below), and what the publisher
-        # needs for each before the PDL wait (it may read parameters, as W is read).
-        finished = [rank * share + p * threads + tidx for p in range((share + threads - 1) // threads)]
-        prepared = [None] * len(finished)
-        if const_expr(publisher is not None):
-            prepared = [publisher.prepare(cutlass.min(expert_first + idx % experts, n_count - 1))
-                        for idx in finished]
-
         # Step 0 is peeled: its loads are all issued before launch_dependents, which the
         # compiler does not move loads across, so the whole step is in flight at once
         # (otherwise it sinks each x load next to its MMA, one L2 round trip after another).
@@ -260,6 +251,7 @@ class LLBf16Mma:
         # (rank, warp) of the finishing CTA's mailbox; after one barrier each CTA adds its
         # slots in slot order (a fixed order) and writes out. No one reads remote memory, so
         # no second barrier is needed before exit.
+        share = (outputs + cluster_k - 1) // cluster_k
         slots = cluster_k * warps
         smem = cutlass.utils.SmemAllocator()
         mailbox = smem.allocate_tensor(
@@ -286,26 +278,20 @@ class LLBf16Mma:
             # Release our stores into the peers' mailboxes, acquire theirs into ours.
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
-        for p in cutlass.range_constexpr(len(finished)):
+        for p in cutlass.range_constexpr((share + threads - 1) // threads):
             pos = p * threads + tidx
-            idx = finished[p]
-            # Uniform over a warp: share and outputs are multiples of 32 where a publisher
-            # is passed (finishes_tiles_by_warp).
+            idx = rank * share + pos
             if pos < share and idx < outputs:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
-                token = idx // experts
-                expert = expert_first + idx - token * experts
-                if token < m_count:
-                    valid = expert < n_count
-                    if valid:
-                        out[token, expert] = total.to(out.element_type)
-                    if const_expr(publisher is not None):
-                        publisher.publish_tile(token, expert, total, valid, prepared[p])
+                self._store(out, handoff, idx, total, expert_first, m_count, n_count)
 
-    def finishes_tiles_by_warp(self) -> bool:
-        """Whether each warp finishes one token's 32 consecutive experts, all in one
-        32-expert tile (expert // 32), one a lane: what a publisher relies on."""
-        share = (self.outputs + self.cluster_k - 1) // self.cluster_k
-        return self.experts == 32 and share % 32 == 0 and self.outputs % share == 0
+    @cute.jit
+    def _store(self, out, handoff, idx, total, expert_first, m_count, n_count):
+        token = idx // self.experts
+        expert = expert_first + idx - token * self.experts
+        if token < m_count and expert < n_count:
+            out[token, expert] = total.to(out.element_type)
+            if const_expr(handoff is not None):
+                handoff_buffer.publish(handoff, token, expert, total)

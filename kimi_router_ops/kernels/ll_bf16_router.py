@@ -109,96 +109,10 @@ def _umax(a, b):
     return Uint32(cutlass.select_(a > b, a, b))
 
 
-@cute.jit
-def _key(v: Float32) -> Uint32:
-    """An unsigned key that orders like the float (finite values and infinities): the sign
-    bit set for positives, every bit flipped for negatives."""
-    bits = v.bitcast(Int32)
-    flip = (bits >> 31) | Int32(-(2**31))
-    return (bits ^ flip).bitcast(Uint32)
-
-
-@cute.jit
-def _value(key: Uint32) -> Float32:
-    """The float whose _key this is."""
-    bits = Uint32(cutlass.select_(key >= Uint32(0x80000000), key ^ Uint32(0x80000000), ~key))
-    return bits.bitcast(Float32)
-
-
-class _Publisher:
-    """What the GEMM body hands each logit to, besides the logits output: the handoff buffer
-    (kernels/handoff.py), as scores or, where the GEMM finishes a tile of 32 experts per warp
-    and the call allows it (LLBf16Router._uses_tile_lists), as tile lists."""
-
-    FIELDS = ("handoff", "bias", "has_bias", "lists", "depth", "scratch")
-
-    def __init__(self, handoff, bias, has_bias, lists, depth, scratch):
-        self.handoff = handoff
-        self.bias = bias
-        self.has_bias = has_bias
-        self.lists = lists
-        self.depth = depth
-        self.scratch = scratch
-
-    # The DSL carries a publisher through the GEMM body's run-time branches as its values.
-    def __extract_mlir_values__(self):
-        return [v for f in self.FIELDS for v in cutlass.extract_mlir_values(getattr(self, f))]
-
-    def __new_from_mlir_values__(self, values):
-        fields = []
-        for f in self.FIELDS:
-            count = len(cutlass.extract_mlir_values(getattr(self, f)))
-            fields.append(cutlass.new_from_mlir_values(getattr(self, f), values[:count]))
-            values = values[count:]
-        return _Publisher(*fields)
-
-    @cute.jit
-    def publish_one(self, m, n, logit: Float32):
-        handoff_buffer.publish(self.handoff, m, n, logit)
-
-    @cute.jit
-    def prepare(self, expert) -> Float32:
-        """The bias of the expert this lane publishes, loaded at kernel entry (before the PDL
-        wait: the bias is a parameter), so that no load sits on the tail. Only tile lists
-        need it: otherwise the routing warp adds the bias."""
-        bias = Float32(0.0)
-        if (self.has_bias != 0) & self.lists:
-            bias = self.bias[0, expert].to(Float32)
-        return bias
-
-    @cute.jit
-    def publish_tile(self, m, expert, logit: Float32, valid, bias: Float32):
-        """Called by all 32 lanes of a warp, lane l with expert 32 * tile + l of token m (valid:
-        the expert exists)."""
-        if self.lists:
-            # The tile's ranking: each lane counts the lanes ahead of it (a larger key, or the
-            # same key and a lower expert id), the tile's best `depth` publish their entries.
-            score = handoff_buffer.canonical_score(logit)
-            key = _key(score + bias)
-            key = Uint32(cutlass.select_(key == Uint32(0xFFFFFFFF), Uint32(0xFFFFFFFE), key))  # never EMPTY
-            key = Uint32(cutlass.select_(valid, key, Uint32(0)))  # key 0: no expert
-            lane = cute.arch.lane_idx()
-            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            row = self.scratch[None, 0, warp]
-            cute.arch.sync_warp()
-            row[lane] = key
-            cute.arch.sync_warp()
-            greater = _count([row[l] > key for l in range(WARP)])
-            ties = cute.arch.popc(cute.arch.match_sync(0xFFFFFFFF, key, "any") & cute.arch.lanemask_lt())
-            rank = _add(greater, Int32(ties))
-            if rank < self.depth:
-                handoff_buffer.publish_entry(handoff_buffer.entry_ptr(self.handoff, m, expert // WARP, rank),
-                                             key.bitcast(Int32), expert, score.bitcast(Int32))
-        else:
-            if valid:
-                handoff_buffer.publish(self.handoff, m, expert, logit)
-
-
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 tile_lists: bool = True):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -208,10 +122,6 @@ class LLBf16Router:
         self.ctas_per_sm = gemm.ctas_per_sm
         self.exclusive = exclusive
         self.bias_prefetch = bias_prefetch
-        # Tile lists (kernels/handoff.py) where the GEMM finishes one token's 32-expert
-        # tile per warp: the tensor-core kernels.
-        finishes_tiles = getattr(gemm, "finishes_tiles_by_warp", None)
-        self.tile_lists = tile_lists and finishes_tiles is not None and finishes_tiles()
 
     @cute.jit
     def __call__(
@@ -272,35 +182,11 @@ class LLBf16Router:
         if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
+        self.gemm.body(xv, wv, logits, handoff)
         smem = cutlass.utils.SmemAllocator()
         scratch = smem.allocate_tensor(Uint32, cute.make_layout((WARP, SCRATCH_ROWS, self.warps)), 16)
-        n_count = logits.shape[1]
-        lists = self._uses_tile_lists(n_count, top_k, n_group, topk_group)
-        depth = self._list_depth(top_k, n_group, topk_group)
-        self._prefetch_handoff(handoff, n_count, lists, depth)
-        publisher = _Publisher(handoff, bias, has_bias, lists, depth, scratch)
-        self.gemm.body(xv, wv, logits, publisher)
-        self._route(handoff, bias, weights, ids, n_count, top_k, n_group, topk_group, renormalize,
-                    has_bias, scaling, lists, depth, scratch)
-
-    @cute.jit
-    def _list_depth(self, top_k, n_group, topk_group) -> Int32:
-        """Entries each tile publishes: top_k (at least two for the group scores), rounded up
-        to even, so that a warp's entries fill whole 32-byte sectors (kernels/handoff.py).
-        More entries than top_k are more candidates, which cannot change the picks."""
-        return (cutlass.max(top_k, Int32(cutlass.select_(topk_group < n_group, 2, 1))) + 1) & Int32(-2)
-
-    @cute.jit
-    def _uses_tile_lists(self, n_count, top_k, n_group, topk_group) -> cutlass.Boolean:
-        """Whether this call hands off tile lists: a tensor-core GEMM, a lane's share of the
-        lists fits its slots, and any groups are whole tiles. Otherwise, scores. Publishers
-        and routing warps decide alike."""
-        lists = cutlass.Boolean(False)
-        if const_expr(self.tile_lists):
-            whole_tiles = (n_count % n_group == 0) & ((n_count // n_group) % WARP == 0)
-            lists = (self._list_depth(top_k, n_group, topk_group) <= self.slots) & (
-                (topk_group >= n_group) | whole_tiles)
-        return lists
+        self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+                    has_bias, scaling, scratch)
 
     @cute.jit
     def _routing_unit(self):
@@ -311,26 +197,6 @@ class LLBf16Router:
         gx, gy, gz = cute.arch.grid_dim()
         ctas = gx * gy * gz
         return warp * ctas + (ctas - 1 - (bx + gx * (by + gy * bz))), ctas
-
-    @cute.jit
-    def _prefetch_handoff(self, handoff, n_count, lists, depth):
-        """Each routing warp asks L2 for the handoff words it will poll, at kernel entry (one
-        copy-engine prefetch a row, or a tile list a lane). A call's buffer is cold in L2 when
-        its turn comes (in a CUDA graph each call has its own): a poll that reaches L2 before
-        the publishers' stores then misses and waits for DRAM, and only the next poll can
-        see the scores (docs/benchmarks.md, step 36). Safe before the PDL wait: the last
-        stores to these words were the previous call's, and a prefetch returns nothing."""
-        unit, ctas = self._routing_unit()
-        lane = cute.arch.lane_idx()
-        for m in cutlass.range(unit, handoff.shape[0], ctas * self.warps, unroll=1):
-            if lists:
-                if lane < (n_count + WARP - 1) // WARP:
-                    _prefetch_bulk_l2(handoff_buffer.entry_ptr(handoff, m, lane, 0).toint(),
-                                      depth * (4 * handoff_buffer.ENTRY_WORDS))
-            else:
-                if lane == 0:
-                    # The row starts 128-byte aligned and holds more than N words.
-                    _prefetch_bulk_l2(handoff_buffer.element_ptr(handoff, m, 0).toint(), (n_count * 4 + 15) & Int32(-16))
 
     @cute.jit
     def _prefetch_bias(self, bias, m_count):
@@ -352,29 +218,42 @@ class LLBf16Router:
                 _prefetch_bulk_l2(first, Int32(last - first))
 
     @cute.jit
-    def _route(self, handoff, bias, weights, ids, n_count, top_k, n_group, topk_group, renormalize,
-               has_bias, scaling, lists, depth, scratch):
+    def _route(self, handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+               has_bias, scaling, scratch):
         """Route this warp's tokens. Token m goes to warp m // ctas of the m % ctas-th CTA
         from the end: one warp per token and SM while M <= CTAs (each has a scheduler to
         itself). From the end, because a routing warp waits for the other CTAs: CTAs start
         in index order, so the last ones start after all the others have (the premise of
         every single-pass scan), and no CTA waits for one that cannot start."""
+        slots: cutlass.Constexpr = self.slots
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         unit, ctas = self._routing_unit()
         m_count = handoff.shape[0]
+        n_count = handoff.shape[1]
+        scores = cute.make_rmem_tensor((slots,), Float32)
+        choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
+        keys = cute.make_rmem_tensor((slots,), Uint32)
         for m in cutlass.range(unit, m_count, ctas * self.warps, unroll=1):
-            my_id, score = Int32(0), Float32(0.0)
-            if const_expr(self.tile_lists):
-                if lists:
-                    my_id, score = self._route_lists(handoff, m, lane, n_count, top_k, n_group, topk_group,
-                                                     depth, scratch[None, None, warp])
-                else:
-                    my_id, score = self._route_scores(handoff, bias, m, lane, n_count, top_k, n_group,
-                                                      topk_group, has_bias, scratch[None, None, warp])
+            # All experts present (every real router's N): no clamped indices, so each load
+            # and store is one instruction at an immediate offset from the lane's address.
+            if n_count == slots * WARP:
+                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, True)
             else:
-                my_id, score = self._route_scores(handoff, bias, m, lane, n_count, top_k, n_group,
-                                                  topk_group, has_bias, scratch[None, None, warp])
+                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, False)
+            for j in cutlass.range_constexpr(slots):
+                c = scores[j] + choice[j]
+                choice[j] = c
+                # Key 0 is "no expert": never picked (top_k <= the experts that remain).
+                keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
+
+            if topk_group < n_group:
+                if n_count == n_group * WARP:
+                    self._mask_slot_groups(choice, keys, lane, n_group, topk_group, scratch[None, None, warp])
+                else:
+                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
+
+            my_id, score = self._rank_select(keys, scores, lane, top_k, scratch[None, None, warp])
             scale = scaling
             if renormalize != 0:
                 # Lanes past top_k hold 0: the sum of all 32, as a tree, is the picks' sum.
@@ -387,109 +266,6 @@ class LLBf16Router:
             if lane < top_k:
                 weights[m, lane] = score * scale
                 ids[m, lane] = my_id
-
-    @cute.jit
-    def _route_scores(self, handoff, bias, m, lane, n_count, top_k, n_group, topk_group, has_bias, scratch):
-        """Token m's picks from its experts' scores: lane l holds experts l, l + 32, ..."""
-        slots: cutlass.Constexpr = self.slots
-        scores = cute.make_rmem_tensor((slots,), Float32)
-        choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
-        keys = cute.make_rmem_tensor((slots,), Uint32)
-        # All experts present (every real router's N): no clamped indices, so each load
-        # and store is one instruction at an immediate offset from the lane's address.
-        if n_count == slots * WARP:
-            self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, True)
-        else:
-            self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, False)
-        for j in cutlass.range_constexpr(slots):
-            c = scores[j] + choice[j]
-            choice[j] = c
-            # Key 0 is "no expert": never picked (top_k <= the experts that remain).
-            keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, _key(c), Uint32(0)))
-
-        if topk_group < n_group:
-            if n_count == n_group * WARP:
-                self._mask_slot_groups(choice, keys, lane, n_group, topk_group, scratch)
-            else:
-                self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
-        return self._rank_select(keys, scores, lambda j: j * WARP + lane, lane, top_k, scratch)
-
-    @cute.jit
-    def _route_lists(self, handoff, m, lane, n_count, top_k, n_group, topk_group, depth, scratch):
-        """Token m's picks from its tiles' lists: lane l holds tile l's list, best first, so
-        that the lane maxima need no reduction and whole groups of tiles drop out at once.
-        The top_k of all experts are among the lists' entries, since each tile lists its
-        own top_k (and its best two for the group scores)."""
-        slots: cutlass.Constexpr = self.slots
-        scores = cute.make_rmem_tensor((slots,), Float32)
-        expert_ids = cute.make_rmem_tensor((slots,), Int32)
-        keys = cute.make_rmem_tensor((slots,), Uint32)
-        n_tiles = (n_count + WARP - 1) // WARP
-        tile = cutlass.min(lane, n_tiles - 1)
-        # Every load first, as in _gather; entries past the lists' depth or past the last
-        # tile read the last ones again (in bounds, published) and are then dropped.
-        entries = [handoff_buffer.entry_ptr(handoff, m, tile, cutlass.min(Int32(j), depth - 1))
-                   for j in range(slots)]
-        for j in cutlass.range_constexpr(slots):
-            key, expert, score = handoff_buffer.poll_entry(entries[j])
-            keys[j], expert_ids[j], scores[j] = key.bitcast(Uint32), expert, score.bitcast(Float32)
-        while cute.arch.vote_any_sync(self._pending_entries(keys, expert_ids, scores)):
-            for j in cutlass.range_constexpr(slots):
-                if self._pending_entries(keys, expert_ids, scores, j):
-                    key, expert, score = handoff_buffer.poll_entry(entries[j])
-                    keys[j], expert_ids[j], scores[j] = key.bitcast(Uint32), expert, score.bitcast(Float32)
-        for j in cutlass.range_constexpr(slots):
-            listed = (Int32(j) < depth) & (lane < n_tiles)
-            if listed:
-                handoff_buffer.empty_entry(entries[j])  # for the next call, as in _gather
-            keys[j] = Uint32(cutlass.select_(listed, keys[j], Uint32(0)))
-        if topk_group < n_group:
-            self._mask_tile_groups(keys, lane, n_count, n_group, topk_group, scratch)
-        return self._rank_select(keys, scores, lambda j: expert_ids[j], lane, top_k, scratch, sorted_lanes=True)
-
-    @cute.jit
-    def _pending_entries(self, keys, expert_ids, scores, j=None) -> cutlass.Boolean:
-        """Whether entry j (or any entry) still has an EMPTY word."""
-        empty = Int32(handoff_buffer.EMPTY)
-        pending = cutlass.Boolean(False)
-        for i in cutlass.range_constexpr(self.slots):
-            if const_expr(j is None or i == j):
-                pending = pending | (keys[i].bitcast(Int32) == empty) | (expert_ids[i] == empty) | (
-                    scores[i].bitcast(Int32) == empty)
-        return pending
-
-    @cute.jit
-    def _mask_tile_groups(self, keys, lane, n_count, n_group, topk_group, scratch):
-        """Groups of whole tiles: zero the lists of tiles outside the topk_group best groups.
-        A group's score is the sum of its two best choice values, which are among its
-        tiles' first two entries."""
-        firsts = scratch[None, 0]
-        seconds = scratch[None, 1]
-        group_keys = scratch[None, GROUP_KEYS_ROW]
-        tiles_per_group = n_count // n_group // WARP
-        cute.arch.sync_warp()  # earlier reads of the scratch are done
-        firsts[lane] = _value(keys[0]).bitcast(Uint32)
-        seconds[lane] = _value(keys[1]).bitcast(Uint32)
-        cute.arch.sync_warp()
-        neg_inf = Float32(-float("inf"))
-        first, second = neg_inf, neg_inf
-        for t in cutlass.range(tiles_per_group, unroll=1):
-            tile = cutlass.min(lane * tiles_per_group + t, WARP - 1)
-            a = firsts[tile].bitcast(Float32)
-            second = cute.arch.fmax(cute.arch.fmin(first, a), cute.arch.fmax(second, seconds[tile].bitcast(Float32)))
-            first = cute.arch.fmax(first, a)
-        group_keys[lane] = Uint32(cutlass.select_(lane < n_group, _key(first + second), Uint32(0)))
-        cute.arch.sync_warp()
-        mine = group_keys[lane]
-        beaten_by = _count([
-            (Int32(i) < n_group) & ((group_keys[i] > mine) | ((group_keys[i] == mine) & (Int32(i) < lane)))
-            for i in range(self.slots)
-        ])
-        kept = cute.arch.vote_ballot_sync((beaten_by < topk_group) & (lane < n_group))
-        group = cutlass.min(lane // tiles_per_group, WARP - 1)
-        keep = ((kept >> group) & 1) != 0
-        for j in cutlass.range_constexpr(self.slots):
-            keys[j] = Uint32(cutlass.select_(keep, keys[j], Uint32(0)))
 
     @cute.jit
     def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice,
@@ -530,6 +306,14 @@ class LLBf16Router:
         return e
 
     @cute.jit
+    def _key(self, v: Float32) -> Uint32:
+        """An unsigned key that orders like the float (finite values and infinities): the
+        sign bit set for positives, every bit flipped for negatives."""
+        bits = v.bitcast(Int32)
+        flip = (bits >> 31) | Int32(-(2**31))
+        return (bits ^ flip).bitcast(Uint32)
+
+    @cute.jit
     def _pending(self, values) -> cutlass.Boolean:
         pending = values[0].bitcast(Int32) == Int32(handoff_buffer.EMPTY)
         for j in cutlass.range_constexpr(1, self.slots):
@@ -537,12 +321,10 @@ class LLBf16Router:
         return pending
 
     @cute.jit
-    def _rank_select(self, keys, scores, expert_id, lane, top_k, scratch, sorted_lanes: cutlass.Constexpr = False):
+    def _rank_select(self, keys, scores, lane, top_k, scratch):
         """The warp's top_k largest keys, largest first, ties to the lower expert id, by
         ranking a short list of candidates instead of picking one after another. Lane i
-        returns the i-th expert id and its score. expert_id(j): the expert of slot j; in
-        each lane, equal keys are in expert order. sorted_lanes: each lane's keys are in
-        descending order, and only the first `slots` lanes hold any (tile lists).
+        returns the i-th expert id and its score.
 
         Let t be the top_k-th largest of the lanes' maxima: at least top_k experts have a
         key >= t, so every expert of the top_k does. Those candidates (usually a few more
@@ -560,11 +342,10 @@ class LLBf16Router:
         pick_id = scratch[None, 4]
         pick_score = scratch[None, 5]
         cute.arch.sync_warp()  # the previous token's reads of the scratch are done
-        lane_max = keys[0] if const_expr(sorted_lanes) else _tree([keys[j] for j in range(slots)], _umax)
+        lane_max = _tree([keys[j] for j in range(slots)], _umax)
         maxima[lane] = lane_max
         cute.arch.sync_warp()
-        lanes = min(slots, WARP) if const_expr(sorted_lanes) else WARP
-        at_least = _count([maxima[l] >= lane_max for l in range(lanes)])  # lanes with a max >= ours
+        at_least = _count([maxima[l] >= lane_max for l in range(WARP)])  # lanes with a max >= ours
         t = cute.arch.warp_redux_sync(
             Uint32(cutlass.select_(at_least >= top_k, lane_max, Uint32(0))), "umax")
         t = Uint32(cutlass.select_(t == Uint32(0), Uint32(1), t))  # never key 0 (no expert)
@@ -582,7 +363,7 @@ class LLBf16Router:
         for j in cutlass.range_constexpr(slots):
             if is_candidate[j] & (pos < WARP):
                 high = (keys[j] ^ Uint32(0x80000000)).bitcast(Int32)
-                cand[pos] = (cutlass.Int64(high) << 32) | cutlass.Int64(~Uint32(expert_id(j)))
+                cand[pos] = (cutlass.Int64(high) << 32) | cutlass.Int64(~Uint32(j * WARP + lane))
                 cand_score[pos] = scores[j].bitcast(Uint32)
             pos = pos + Int32(cutlass.select_(is_candidate[j], Int32(1), Int32(0)))
         my_id, my_score = Int32(0), Float32(0.0)
@@ -606,7 +387,7 @@ class LLBf16Router:
             my_id = Int32(cutlass.select_(lane < top_k, pick_id[lane].bitcast(Int32), Int32(0)))
             my_score = Float32(cutlass.select_(lane < top_k, pick_score[lane].bitcast(Float32), Float32(0.0)))
         else:
-            my_id, my_score = self._pick(keys, scores, expert_id, lane, top_k)
+            my_id, my_score = self._pick(keys, scores, lane, top_k)
         return my_id, my_score
 
     @cute.jit
@@ -630,7 +411,7 @@ class LLBf16Router:
         return first_key, first_slot, first_score, second_key, second_slot, second_score
 
     @cute.jit
-    def _pick(self, keys, scores, expert_id, lane, top_k):
+    def _pick(self, keys, scores, lane, top_k):
         """The warp's top_k largest keys, largest first, ties to the lower expert id. Lane i
         returns the i-th pick's expert id and its score.
 
@@ -647,11 +428,10 @@ class LLBf16Router:
         my_id, my_score = Int32(0), Float32(0.0)
         for i in cutlass.range(top_k, unroll=1):
             top = cute.arch.warp_redux_sync(first_key, "umax")
-            mine = self._slot_value(expert_id, first_slot).to(Uint32)
+            mine = (first_slot * WARP + lane).to(Uint32)
             candidate = Uint32(cutlass.select_(first_key == top, mine, Uint32(0xFFFFFFFF)))
             pick = cute.arch.warp_redux_sync(candidate, "umin").to(Int32)
-            holders = cute.arch.vote_ballot_sync(candidate == pick.to(Uint32))
-            winner = cute.arch.popc((holders & -holders) - 1)  # the one lane holding it
+            winner = pick & (WARP - 1)
             score = cute.arch.shuffle_sync(first_score, winner)
             my_id = Int32(cutlass.select_(lane == i, pick, my_id))
             my_score = Float32(cutlass.select_(lane == i, score, my_score))
@@ -667,14 +447,6 @@ class LLBf16Router:
                 first_key, first_slot, first_score, second_key, second_slot, second_score = self._lane_top2(
                     keys, scores, last_key, last_slot)
         return my_id, my_score
-
-    @cute.jit
-    def _slot_value(self, expert_id, slot) -> Int32:
-        """expert_id(slot) for a run-time slot, by selects (registers cannot be indexed)."""
-        value = Int32(expert_id(0))
-        for j in cutlass.range_constexpr(1, self.slots):
-            value = Int32(cutlass.select_(slot == j, Int32(expert_id(j)), value))
-        return value
 
     @cute.jit
     def _warp_top2(self, first, second):
@@ -716,7 +488,7 @@ class LLBf16Router:
                                         cute.arch.fmax(second, other_second))
                 first = cute.arch.fmax(first, other_first)
             if (quarter == 0) & (group < chunk):
-                group_keys[c * GROUP_CHUNK + group] = _key(first + second)
+                group_keys[c * GROUP_CHUNK + group] = self._key(first + second)
         cute.arch.sync_warp()
         mine = group_keys[lane]
         beaten_by = _count([
@@ -756,7 +528,7 @@ class LLBf16Router:
                 second = cute.arch.fmax(second, cute.arch.fmin(first, c))
                 first = cute.arch.fmax(first, c)
             first, second = self._warp_top2(first, second)
-            group_key = Uint32(cutlass.select_(lane == g, _key(first + second), group_key))
+            group_key = Uint32(cutlass.select_(lane == g, self._key(first + second), group_key))
         kept = self._best_groups(group_key, lane, topk_group)
         for j in cutlass.range_constexpr(self.slots):
             group = cutlass.min((j * WARP + lane) // group_size, 31)
