@@ -125,6 +125,9 @@ VARIANTS = (
     # only the first 1, 2, 4 or 8 go before the PDL wait): behind a producer, fewer early
     # requests may crowd it less (bench_chain sweeps them).
     *(_dotprod(f"m1_prefetch_r4_t256_w{w}", 1, 1, rows=4, unroll=4, threads=256, window=w) for w in (1, 2, 4, 8)),
+    # The M = 1 kernel's shape for 2 and 3..4 tokens: the fused router's candidates there.
+    _dotprod("m2_prefetch_r4_t256", 2, 2, rows=4, unroll=4, threads=256),
+    _dotprod("m4_prefetch_r4_t256", 3, 4, rows=4, unroll=4, threads=256),
     _dotprod("m8", 5, 8, rows=4, unroll=2, prefetch=False),
     _dotprod("m16", 9, 16, rows=4, unroll=1, prefetch=False),
     _mma("mma8_t2c4w8u7_noprefetch", 1, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
@@ -207,6 +210,10 @@ class RouterGemm(NamedTuple):
 ROUTER_GEMMS = (
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait", True),
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x", True),
+    RouterGemm("m2_prefetch_r4_t256", 2, 2, ROUTER_N_RANGES[:1], True, "before_wait", True),
+    RouterGemm("m2_prefetch_r4_t256", 2, 2, ROUTER_N_RANGES[1:2], True, "after_x", True),
+    RouterGemm("m4_prefetch_r4_t256", 3, 4, ROUTER_N_RANGES[:1], True, "before_wait", True),
+    RouterGemm("m4_prefetch_r4_t256", 3, 4, ROUTER_N_RANGES[1:2], True, "after_x", True),
     RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "after_x", False),
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:1], False, "after_x", False),
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
