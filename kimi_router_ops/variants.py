@@ -125,7 +125,7 @@ VARIANTS = (
     # only the first 1, 2, 4 or 8 go before the PDL wait): behind a producer, fewer early
     # requests may crowd it less (bench_chain sweeps them).
     *(_dotprod(f"m1_prefetch_r4_t256_w{w}", 1, 1, rows=4, unroll=4, threads=256, window=w) for w in (1, 2, 4, 8)),
-    # The M = 1 kernel's shape with two tokens: the fused router's GEMM at M = 2 up to 384
+    # The M = 1 kernel's shape with two tokens: the fused router's GEMM at M = 2 up to 256
     # experts (ROUTER_GEMMS).
     _dotprod("m2_prefetch_r4_t256", 2, 2, rows=4, unroll=4, threads=256),
     _dotprod("m8", 5, 8, rows=4, unroll=2, prefetch=False),
@@ -194,10 +194,11 @@ class RouterGemm(NamedTuple):
 # logits are the GEMM op's, bit for bit), except in two places, where the logits are the
 # fused kernel's, bit for bit: at M = 1 for more than 384 experts the tensor-core kernel of
 # M = 2..8 made the whole router 1.5 us faster than the dot product (Kimi-K3: 5.83 against
-# 7.36 us), though the dot product is the faster GEMM alone; at M = 2 up to 384 experts the
+# 7.36 us), though the dot product is the faster GEMM alone; at M = 2 up to 256 experts the
 # M = 1 dot product's shape with two tokens, alone on its SMs like the M = 1 rows, made it
-# 0.12-0.15 us faster than the tensor-core kernel (DeepSeek-V3 3.35 against 3.50, Kimi-K2
-# 3.51 against 3.63; with four tokens it was 1.1-2.1 us slower: docs/benchmarks.md, step 37). The dot product's grids (64 and 96
+# 0.15 us faster than the tensor-core kernel, twice (DeepSeek-V3 3.35 against 3.50, 3.38
+# against 3.54). For Kimi-K2's N it measured 0.12 us faster on one machine and 0.68 slower
+# on another; with four tokens 1.1-2.1 us slower (docs/benchmarks.md, step 37). The dot product's grids (64 and 96
 # CTAs) fit one CTA per SM, and alone its routing CTA ran Kimi-K2 at M = 1 in 2.91 us
 # instead of 3.69 (docs/benchmarks.md, step 25); the tensor-core kernels hold a whole SM
 # each anyway.
@@ -214,7 +215,6 @@ ROUTER_GEMMS = (
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait", True),
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x", True),
     RouterGemm("m2_prefetch_r4_t256", 2, 2, ROUTER_N_RANGES[:1], True, "before_wait", True),
-    RouterGemm("m2_prefetch_r4_t256", 2, 2, ROUTER_N_RANGES[1:2], True, "after_x", True),
     RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "after_x", False),
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:1], False, "after_x", False),
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),

@@ -123,7 +123,7 @@ def test_fused_rows_run_the_gemm_ops_kernel():
     """Each fused router row runs the GEMM kernel the GEMM op picks for the same M and N (the
     same arithmetic; only where it lets the next kernel launch may differ), so the router's
     logits are the GEMM op's, bit for bit; the exceptions route faster on another kernel: M = 1
-    with more than 384 experts (the tensor-core kernel of M = 2..8) and M = 2 up to 384 (the
+    with more than 384 experts (the tensor-core kernel of M = 2..8) and M = 2 up to 256 (the
     M = 1 dot product's shape with two tokens)."""
     def arithmetic(name):
         v = variants.variant(name)
@@ -135,7 +135,7 @@ def test_fused_rows_run_the_gemm_ops_kernel():
             gemm = next(r.gemm for r in variants.ROUTER_VARIANTS if r.name == row)
             if m == 1 and n > 384:
                 assert gemm == "mma8_t2c4w8u7"
-            elif m == 2 and n <= 384:
+            elif m == 2 and n <= 256:
                 assert gemm == "m2_prefetch_r4_t256"
             else:
                 chosen, vec = kimi_router_ops.chosen_variant(m, n, 7168).split(":")
