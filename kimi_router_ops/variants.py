@@ -198,10 +198,10 @@ class RouterGemm(NamedTuple):
 # M = 1 dot product's shape with two tokens, alone on its SMs like the M = 1 rows, made it
 # 0.15 us faster than the tensor-core kernel, twice (DeepSeek-V3 3.35 against 3.50, 3.38
 # against 3.54). For Kimi-K2's N it measured 0.12 us faster on one machine and 0.68 slower
-# on another; with four tokens 1.1-2.1 us slower (docs/benchmarks.md, step 37). The dot product's grids (64 and 96
-# CTAs) fit one CTA per SM, and alone its routing CTA ran Kimi-K2 at M = 1 in 2.91 us
-# instead of 3.69 (docs/benchmarks.md, step 25); the tensor-core kernels hold a whole SM
-# each anyway.
+# on another; with four tokens 1.1-2.1 us slower (docs/benchmarks.md, step 37).
+# The dot product's grids (64 and 96 CTAs) fit one CTA per SM, and alone its routing CTA
+# ran Kimi-K2 at M = 1 in 2.91 us instead of 3.69 (docs/benchmarks.md, step 25); the
+# tensor-core kernels hold a whole SM each anyway.
 # The trigger point is "before_wait" where that measured faster for the whole router,
 # twice: DeepSeek-V3 at M = 1 (-0.2 us), Kimi-K2 at M = 2..8 (-0.1 to -0.2), and, with the
 # bias prefetch, Kimi-K3 at M = 9..16 (-0.22 and -0.24, step 35; the GEMM op's own point
