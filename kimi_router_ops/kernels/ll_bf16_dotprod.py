@@ -22,6 +22,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from variants import TRIGGERS  # aot.py imports kernels/ beside variants
+
 from . import handoff as handoff_buffer
 
 
@@ -60,8 +62,8 @@ class LLBf16Dotprod:
         self.prefetch_window = prefetch_window or self.first_step_loads
         if not 1 <= self.prefetch_window <= self.first_step_loads:
             raise ValueError(f"prefetch_window must be in [1, {self.first_step_loads}], got {prefetch_window}")
-        if trigger not in ("after_x", "before_wait"):
-            raise ValueError(f"trigger must be 'after_x' or 'before_wait', got {trigger!r}")
+        if trigger not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.trigger = trigger
 
     @cute.jit

@@ -31,6 +31,8 @@ from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
+from variants import TRIGGERS  # aot.py imports kernels/ beside variants
+
 from . import handoff as handoff_buffer
 
 TILE_E = 16  # experts per MMA (its M)
@@ -76,8 +78,8 @@ class LLBf16Mma:
         self.experts = TILE_E * tiles  # experts per CTA
         self.token_blocks = max_m // TILE_T
         self.outputs = self.experts * max_m  # partial sums per CTA
-        if trigger not in ("after_x", "before_wait"):
-            raise ValueError(f"trigger must be 'after_x' or 'before_wait', got {trigger!r}")
+        if trigger not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.trigger = trigger
 
     def smem_bytes(self) -> int:
