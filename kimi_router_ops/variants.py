@@ -140,6 +140,10 @@ VARIANTS = (
     _dotprod("m1_prefetch_r4_t256_before_wait", 1, 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
     _mma("mma8_t2c4w8u7_before_wait", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
          trigger="before_wait"),
+    # One 16-expert tile a CTA: twice the CTAs of the chosen rows (64 for DeepSeek-V3's N,
+    # 96 for Kimi-K2's), each streaming half the weights (step 38).
+    _mma("mma8_t1c4w8u7", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
+    _mma("mma16_t1c4w8u7", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
 )
 
 
@@ -223,6 +227,16 @@ ROUTER_GEMMS = (
 )
 
 
+# Named-only fused rows on other GEMM kernels: candidates for ROUTER_GEMMS (step 38).
+ROUTER_CANDIDATES = (
+    RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[:2], False, "after_x", False),
+    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
+    RouterGemm("mma8_t1c8w8u4", 2, 8, ROUTER_N_RANGES[:1], False, "after_x", False),
+    RouterGemm("mma16_t1c8w8u4", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
+    RouterGemm("mma16_t2c8w4u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
+)
+
+
 def _router_rows(table, automatic, suffix=""):
     return tuple(
         RouterVariant(f"router_{row.gemm}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi, n_min, n_max,
@@ -243,6 +257,9 @@ ROUTER_VARIANTS = (
                    False, "_no_bias_prefetch")
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
+    + _router_rows(ROUTER_CANDIDATES, False)
+    + _router_rows([row._replace(trigger="before_wait") for row in ROUTER_CANDIDATES[:1]], False, "_before_wait")
+    + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_CANDIDATES[1:2]], False, "_bias_prefetch")
 )
 
 
