@@ -141,7 +141,9 @@ VARIANTS = (
     _mma("mma8_t2c4w8u7_before_wait", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
          trigger="before_wait"),
     # One 16-expert tile a CTA: twice the CTAs of the chosen rows (64 for DeepSeek-V3's N,
-    # 96 for Kimi-K2's), each streaming half the weights (step 38).
+    # 96 for Kimi-K2's), each streaming half the weights. Alone 0.03-0.08 us slower back to
+    # back, 0.4-0.5 faster serialized; the fused router's GEMM for Kimi-K2-sized N at
+    # M = 2..16 and DeepSeek-V3-sized at M = 9..16 (ROUTER_GEMMS).
     _mma("mma8_t1c4w8u7", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
     _mma("mma16_t1c4w8u7", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
 )
@@ -194,22 +196,30 @@ class RouterGemm(NamedTuple):
     bias_prefetch: bool
 
 
-# Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N (so the
-# logits are the GEMM op's, bit for bit), except in two places, where the logits are the
-# fused kernel's, bit for bit: at M = 1 for more than 384 experts the tensor-core kernel of
-# M = 2..8 made the whole router 1.5 us faster than the dot product (Kimi-K3: 5.83 against
-# 7.36 us), though the dot product is the faster GEMM alone; at M = 2 up to 256 experts the
-# M = 1 dot product's shape with two tokens, alone on its SMs like the M = 1 rows, made it
-# 0.15 us faster than the tensor-core kernel, twice (DeepSeek-V3 3.35 against 3.50, 3.38
-# against 3.54). For Kimi-K2's N it measured 0.12 us faster on one machine and 0.68 slower
-# on another; with four tokens 1.1-2.1 us slower (docs/benchmarks.md, step 37).
+# Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N, or one
+# that computes the same logits bit for bit: the tensor-core kernels with one 16-expert tile
+# a CTA instead of two (t1c4 against t2c4) split K the same way and give each expert the
+# same row of its MMA tile, so every sum is the same. With twice the CTAs (64 and 96), they
+# made the whole router 0.10-0.25 us faster for Kimi-K2-sized N at M = 2..16 and
+# DeepSeek-V3-sized N at M = 9..16, on two machines, though alone they are 0.03-0.08 us
+# slower; for DeepSeek-V3-sized N at M = 2..8 they were 0.1-0.35 slower (docs/benchmarks.md,
+# step 38).
+# In two places the logits are the fused kernel's, bit for bit, not the GEMM op's: at M = 1
+# for more than 384 experts the tensor-core kernel of M = 2..8 made the whole router 1.5 us
+# faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot product is the
+# faster GEMM alone; at M = 2 up to 256 experts the M = 1 dot product's shape with two
+# tokens, alone on its SMs like the M = 1 rows, made it 0.15 us faster than the tensor-core
+# kernel, twice (DeepSeek-V3 3.35 against 3.50, 3.38 against 3.54). For Kimi-K2's N it
+# measured 0.12 us faster on one machine and 0.68 slower on another; with four tokens 1.1-2.1
+# us slower (docs/benchmarks.md, step 37).
 # The dot product's grids (64 and 96 CTAs) fit one CTA per SM, and alone its routing CTA
 # ran Kimi-K2 at M = 1 in 2.91 us instead of 3.69 (docs/benchmarks.md, step 25); the
 # tensor-core kernels hold a whole SM each anyway.
 # The trigger point is "before_wait" where that measured faster for the whole router,
-# twice: DeepSeek-V3 at M = 1 (-0.2 us), Kimi-K2 at M = 2..8 (-0.1 to -0.2), and, with the
-# bias prefetch, Kimi-K3 at M = 9..16 (-0.22 and -0.24, step 35; the GEMM op's own point
-# there); elsewhere it measured slower (steps 32-33).
+# twice: DeepSeek-V3 at M = 1 (-0.2 us), Kimi-K2 at M = 2..8 (-0.1 to -0.2; on the one-tile
+# kernel -0.05 to -0.15, step 38), and, with the bias prefetch, Kimi-K3 at M = 9..16 (-0.22
+# and -0.24, step 35; the GEMM op's own point there); elsewhere it measured slower (steps
+# 32-33).
 # The bias prefetch is on where it measured faster with a cold bias in every run (step 34):
 # the dot products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too)
 # and M = 9..16 above 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same). The other
@@ -221,19 +231,15 @@ ROUTER_GEMMS = (
     RouterGemm("m2_prefetch_r4_t256", 2, 2, ROUTER_N_RANGES[:1], True, "before_wait", True),
     RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "after_x", False),
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:1], False, "after_x", False),
-    RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
-    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
+    RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
+    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
     RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", True),
 )
-
-
-# Named-only fused rows on other GEMM kernels: candidates for ROUTER_GEMMS (step 38).
-ROUTER_CANDIDATES = (
-    RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[:2], False, "after_x", False),
-    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
-    RouterGemm("mma8_t1c8w8u4", 2, 8, ROUTER_N_RANGES[:1], False, "after_x", False),
-    RouterGemm("mma16_t1c8w8u4", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
-    RouterGemm("mma16_t2c8w4u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
+# The rows those replaced (the GEMM op's own kernel), named only, so that the benchmark
+# keeps showing what the change is worth.
+ROUTER_PREVIOUS = (
+    RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
+    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
 )
 
 
@@ -257,9 +263,7 @@ ROUTER_VARIANTS = (
                    False, "_no_bias_prefetch")
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
-    + _router_rows(ROUTER_CANDIDATES, False)
-    + _router_rows([row._replace(trigger="before_wait") for row in ROUTER_CANDIDATES[:1]], False, "_before_wait")
-    + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_CANDIDATES[1:2]], False, "_bias_prefetch")
+    + _router_rows(ROUTER_PREVIOUS, False)
 )
 
 

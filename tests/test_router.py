@@ -120,14 +120,21 @@ def fused_rows_gemm(x, w, top_k, n_group=1, topk_group=1):
 
 
 def test_fused_rows_run_the_gemm_ops_kernel():
-    """Each fused router row runs the GEMM kernel the GEMM op picks for the same M and N (the
-    same arithmetic; only where it lets the next kernel launch may differ), so the router's
-    logits are the GEMM op's, bit for bit; the exceptions route faster on another kernel: M = 1
-    with more than 384 experts (the tensor-core kernel of M = 2..8) and M = 2 up to 256 (the
-    M = 1 dot product's shape with two tokens)."""
+    """Each fused router row runs the GEMM kernel the GEMM op picks for the same M and N, or
+    one with the same arithmetic (only where it lets the next kernel launch, or how many
+    16-expert tensor-core tiles a CTA holds, may differ), so the router's logits are the GEMM
+    op's, bit for bit (test_router_logits_are_the_gemm_ops checks it on the GPU); the
+    exceptions route faster on another kernel: M = 1 with more than 384 experts (the
+    tensor-core kernel of M = 2..8) and M = 2 up to 256 (the M = 1 dot product's shape with
+    two tokens)."""
     def arithmetic(name):
         v = variants.variant(name)
-        return v.kernel, v.m_hi, v.prefetch, v.pdl
+        kernel = v.kernel
+        if isinstance(kernel, variants.Mma):
+            # An expert's row in its MMA tile and each warp's K chunks do not depend on the
+            # tiles a CTA holds.
+            kernel = (kernel.cluster_k, kernel.warps, kernel.unroll)
+        return kernel, v.m_hi, v.prefetch, v.pdl
 
     for n in (8, 256, 384, 385, 896, 1024):
         for m in range(1, 17):
@@ -140,6 +147,33 @@ def test_fused_rows_run_the_gemm_ops_kernel():
             else:
                 chosen, vec = kimi_router_ops.chosen_variant(m, n, 7168).split(":")
                 assert vec == "vec8" and arithmetic(chosen) == arithmetic(gemm), (m, n, chosen, gemm)
+
+
+@requires_kernel_gpu
+@pytest.mark.parametrize("config", list(MODEL_CONFIGS))
+def test_router_logits_are_the_gemm_ops(config):
+    """On the GPU, at every M the fused kernel serves: the router's logits are the GEMM op's,
+    bit for bit, but for the two exceptions of test_fused_rows_run_the_gemm_ops_kernel."""
+    n, top_k, n_group, topk_group, scale = MODEL_CONFIGS[config]
+    for m in range(1, 17):
+        if (m == 1 and n > 384) or (m == 2 and n <= 256):
+            continue
+        x, w, bias = make_case(m, n, 7168, top_k, n_group, topk_group, device="cuda", seed=m)
+        out = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale)
+        assert torch.equal(out[2], kimi_router_ops.ll_bf16_gemm(x, w)), m
+
+
+@requires_kernel_gpu
+@pytest.mark.parametrize("tokens", [8, 16])
+def test_one_tile_tensor_core_kernels_sum_as_the_two_tile_ones(tokens):
+    """What lets the fused rows on the one-tile kernels count as the GEMM op's arithmetic:
+    the same logits, bit for bit, for any N (tails included) and every M of the bucket."""
+    for n in (8, 200, 256, 300, 384, 1000):
+        for m in range(1, tokens + 1):
+            x, w, _ = make_case(m, n, 7168, 1, 1, 1, None, "cuda", seed=n + m)
+            one = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, f"mma{tokens}_t1c4w8u7")
+            two = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, f"mma{tokens}_t2c4w8u7")
+            assert torch.equal(one, two), (n, m)
 
 
 @pytest.mark.parametrize("config", list(MODEL_CONFIGS))
@@ -461,20 +495,24 @@ def table_row_of(row):
                  if r.automatic and (r.gemm, r.m_lo, r.n_max) == (row.gemm, row.m_lo, row.n_max)), None)
 
 
-CANDIDATE_GEMMS = {c.gemm for c in variants.ROUTER_CANDIDATES}
+# Named rows that are previous table choices, not twins of a table row.
+PREVIOUS = {(p.gemm, p.m_lo, n_max) for p in variants.ROUTER_PREVIOUS for _, n_max in p.n_ranges}
 
 
-def test_every_named_router_row_is_a_twin_of_a_table_row():
+def is_twin(row):
+    return not row.automatic and (row.gemm, row.m_lo, row.n_max) not in PREVIOUS
+
+
+def test_every_named_router_row_is_a_twin_of_a_table_row_or_a_previous_choice():
     for row in variants.ROUTER_VARIANTS:
-        if not row.automatic and row.gemm not in CANDIDATE_GEMMS:
+        if is_twin(row):
             table_row = table_row_of(row)
             assert table_row is not None, row.name
             assert (table_row.trigger, table_row.bias_prefetch) != (row.trigger, row.bias_prefetch), row.name
 
 
 @requires_kernel_gpu
-@pytest.mark.parametrize("row", [r for r in variants.ROUTER_VARIANTS
-                                 if not r.automatic and r.gemm not in CANDIDATE_GEMMS], ids=lambda r: r.name)
+@pytest.mark.parametrize("row", [r for r in variants.ROUTER_VARIANTS if is_twin(r)], ids=lambda r: r.name)
 def test_named_twin_gives_the_table_rows_result(row):
     """A named twin differs from its table row only in where the next kernel may launch or
     in the bias prefetch: the same logits, ids and weights, bit for bit."""
