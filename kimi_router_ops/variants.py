@@ -141,9 +141,10 @@ VARIANTS = (
     _mma("mma8_t2c4w8u7_before_wait", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
          trigger="before_wait"),
     # One 16-expert tile a CTA: twice the CTAs of the chosen rows (64 for DeepSeek-V3's N,
-    # 96 for Kimi-K2's), each streaming half the weights. Alone 0.03-0.08 us slower back to
-    # back, 0.4-0.5 faster serialized; the fused router's GEMM for Kimi-K2-sized N at
-    # M = 2..16 and DeepSeek-V3-sized at M = 9..16 (ROUTER_GEMMS).
+    # 96 for Kimi-K2's), each streaming half the weights. Alone slower back to back
+    # (DeepSeek-V3 0.03-0.24 us, Kimi-K2 0.3-0.7: the next call's CTAs find fewer free SMs),
+    # 0.45-0.55 faster serialized; the fused router's GEMM for Kimi-K2-sized N at M = 2..16
+    # and DeepSeek-V3-sized at M = 9..16 (ROUTER_GEMMS).
     _mma("mma8_t1c4w8u7", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
     _mma("mma16_t1c4w8u7", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
 )
@@ -200,10 +201,10 @@ class RouterGemm(NamedTuple):
 # that computes the same logits bit for bit: the tensor-core kernels with one 16-expert tile
 # a CTA instead of two (t1c4 against t2c4) split K the same way and give each expert the
 # same row of its MMA tile, so every sum is the same. With twice the CTAs (64 and 96), they
-# made the whole router 0.10-0.25 us faster for Kimi-K2-sized N at M = 2..16 and
-# DeepSeek-V3-sized N at M = 9..16, on two machines, though alone they are 0.03-0.08 us
-# slower; for DeepSeek-V3-sized N at M = 2..8 they were 0.1-0.35 slower (docs/benchmarks.md,
-# step 38).
+# made the whole router 0.09-0.25 us faster for Kimi-K2-sized N at M = 2..16 and
+# DeepSeek-V3-sized N at M = 9..16, in three runs on two machines, though alone they are
+# slower back to back; for DeepSeek-V3-sized N at M = 2..8 they were 0.1-0.35 slower
+# (docs/benchmarks.md, step 38).
 # In two places the logits are the fused kernel's, bit for bit, not the GEMM op's: at M = 1
 # for more than 384 experts the tensor-core kernel of M = 2..8 made the whole router 1.5 us
 # faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot product is the

@@ -509,6 +509,11 @@ def test_every_named_router_row_is_a_twin_of_a_table_row_or_a_previous_choice():
             table_row = table_row_of(row)
             assert table_row is not None, row.name
             assert (table_row.trigger, table_row.bias_prefetch) != (row.trigger, row.bias_prefetch), row.name
+        elif not row.automatic:
+            # A previous choice: the table now serves its M and N with another GEMM kernel.
+            current = [r for r in variants.ROUTER_VARIANTS if r.automatic
+                       and (r.m_lo, r.m_hi, r.n_min, r.n_max) == (row.m_lo, row.m_hi, row.n_min, row.n_max)]
+            assert len(current) == 1 and current[0].gemm != row.gemm, row.name
 
 
 @requires_kernel_gpu
