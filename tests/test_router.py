@@ -495,22 +495,22 @@ def table_row_of(row):
                  if r.automatic and (r.gemm, r.m_lo, r.n_max) == (row.gemm, row.m_lo, row.n_max)), None)
 
 
-# Named rows that are previous table choices, not twins of a table row.
-PREVIOUS = {(p.gemm, p.m_lo, n_max) for p in variants.ROUTER_PREVIOUS for _, n_max in p.n_ranges}
+# Named rows on another GEMM kernel than their table row's, not twins of it.
+ALTERNATIVES = {(a.gemm, a.m_lo, n_max) for a in variants.ROUTER_ALTERNATIVES for _, n_max in a.n_ranges}
 
 
 def is_twin(row):
-    return not row.automatic and (row.gemm, row.m_lo, row.n_max) not in PREVIOUS
+    return not row.automatic and (row.gemm, row.m_lo, row.n_max) not in ALTERNATIVES
 
 
-def test_every_named_router_row_is_a_twin_of_a_table_row_or_a_previous_choice():
+def test_every_named_router_row_is_a_twin_or_an_alternative_of_a_table_row():
     for row in variants.ROUTER_VARIANTS:
         if is_twin(row):
             table_row = table_row_of(row)
             assert table_row is not None, row.name
             assert (table_row.trigger, table_row.bias_prefetch) != (row.trigger, row.bias_prefetch), row.name
         elif not row.automatic:
-            # A previous choice: the table now serves its M and N with another GEMM kernel.
+            # An alternative: the table serves its M and N with another GEMM kernel.
             current = [r for r in variants.ROUTER_VARIANTS if r.automatic
                        and (r.m_lo, r.m_hi, r.n_min, r.n_max) == (row.m_lo, row.m_hi, row.n_min, row.n_max)]
             assert len(current) == 1 and current[0].gemm != row.gemm, row.name
