@@ -107,7 +107,8 @@ def test_model_configs(device, config, m):
 
 def fused_rows_gemm(x, w, top_k, n_group=1, topk_group=1):
     """The logits the router op returns: on a GPU, those of the GEMM kernel its fused row
-    runs (the GEMM op's own choice but at M = 1 with N > 384); otherwise the GEMM op's."""
+    runs (the GEMM op's own arithmetic but at M = 1 with N > 384 and M = 2 with N <= 256;
+    test_fused_rows_run_the_gemm_ops_kernel); otherwise the GEMM op's."""
     row = "reference"
     if x.is_cuda:
         major, minor = torch.cuda.get_device_capability(x.device)
