@@ -109,10 +109,44 @@ def _umax(a, b):
     return Uint32(cutlass.select_(a > b, a, b))
 
 
+@dsl_user_op
+def _one_if_ge(a, b, *, loc=None, ip=None) -> Float32:
+    """1.0 if a >= b, else 0.0 (false when either is NaN): one `set` instruction, where a
+    compare, a select and an integer add took three."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+        "set.ge.f32.f32 $0, $1, $2;", "=f,f,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@dsl_user_op
+def _minus_one_if_above(a, b, *, loc=None, ip=None) -> Int32:
+    """-1 if a > b as unsigned 64-bit numbers, else 0: the borrow of b - a, three
+    instructions (a 64-bit compare, a select and an add took five or six)."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int64(a).ir_value(loc=loc, ip=ip), Int64(b).ir_value(loc=loc, ip=ip)],
+        "{ .reg .u32 al, ah, bl, bh, d;\n"
+        "mov.b64 {al, ah}, $1;\n"
+        "mov.b64 {bl, bh}, $2;\n"
+        "sub.cc.u32 d, bl, al;\n"
+        "subc.cc.u32 d, bh, ah;\n"
+        "subc.u32 $0, bh, bh; }",
+        "=r,l,l",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def _count_above(values, mine):
+    """How many of the unsigned 64-bit values are above mine, as a tree of adds."""
+    return Int32(0) - _tree([_minus_one_if_above(v, mine) for v in values], _add)
+
+
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
+                 legacy_counts: bool = False, group_bound: bool = True):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -122,6 +156,8 @@ class LLBf16Router:
         self.ctas_per_sm = gemm.ctas_per_sm
         self.exclusive = exclusive
         self.bias_prefetch = bias_prefetch
+        self.legacy_counts = legacy_counts  # EXPERIMENT: the counts of d2ca1fa
+        self.group_bound = group_bound and not legacy_counts  # EXPERIMENT twin: False
 
     @cute.jit
     def __call__(
@@ -247,13 +283,15 @@ class LLBf16Router:
                 # Key 0 is "no expert": never picked (top_k <= the experts that remain).
                 keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
 
+            bound = Uint32(0)  # a key that at least top_k experts reach, if known; 0: not
             if topk_group < n_group:
                 if n_count == n_group * WARP:
-                    self._mask_slot_groups(choice, keys, lane, n_group, topk_group, scratch[None, None, warp])
+                    bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
+                                                   scratch[None, None, warp])
                 else:
                     self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
 
-            my_id, score = self._rank_select(keys, scores, lane, top_k, scratch[None, None, warp])
+            my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch[None, None, warp])
             scale = scaling
             if renormalize != 0:
                 # Lanes past top_k hold 0: the sum of all 32, as a tree, is the picks' sum.
@@ -314,6 +352,18 @@ class LLBf16Router:
         return (bits ^ flip).bitcast(Uint32)
 
     @cute.jit
+    def _ranked(self, key: Uint32, index) -> cutlass.Int64:
+        """(key, ~index) as one unsigned 64-bit word: ordered by key, ties to the lower index."""
+        return (cutlass.Int64(key.bitcast(Int32)) << 32) | cutlass.Int64(~Uint32(index))
+
+    @cute.jit
+    def _value(self, key: Uint32) -> Float32:
+        """The float a key came from (_key's inverse); key 0, "no expert", gives a NaN,
+        which no compare counts."""
+        flip = (~(key.bitcast(Int32) >> 31)) | Int32(-(2**31))
+        return (key.bitcast(Int32) ^ flip).bitcast(Float32)
+
+    @cute.jit
     def _pending(self, values) -> cutlass.Boolean:
         pending = values[0].bitcast(Int32) == Int32(handoff_buffer.EMPTY)
         for j in cutlass.range_constexpr(1, self.slots):
@@ -321,7 +371,7 @@ class LLBf16Router:
         return pending
 
     @cute.jit
-    def _rank_select(self, keys, scores, lane, top_k, scratch):
+    def _rank_select(self, keys, scores, lane, top_k, bound, scratch):
         """The warp's top_k largest keys, largest first, ties to the lower expert id, by
         ranking a short list of candidates instead of picking one after another. Lane i
         returns the i-th expert id and its score.
@@ -331,11 +381,12 @@ class LLBf16Router:
         than top_k) go to shared memory; each lane takes one and counts the candidates
         ahead of it, which is its place. All of it is independent work on 32 lanes, not a
         chain of top_k warp reductions. More than 32 candidates (many equal keys) fall back
-        to the picks."""
+        to the picks. A nonzero `bound` (a key at least top_k experts reach: the group phase
+        knows one) serves as t and saves the count of the lanes' maxima."""
         slots: cutlass.Constexpr = self.slots
         maxima = scratch[None, 0]
-        # Candidates as one signed 64-bit word, (key with its top bit flipped, ~id): one
-        # compare orders them, ties to the lower id.
+        # Candidates as one unsigned 64-bit word, (key, ~id): one compare orders them, ties
+        # to the lower id. Word 0 is no candidate: every real one is above it (key >= 1).
         cand = cute.make_tensor(cute.recast_ptr(scratch[None, 1].iterator, dtype=cutlass.Int64),
                                 cute.make_layout(WARP))  # rows 1 and 2
         cand_score = scratch[None, 3]
@@ -343,11 +394,27 @@ class LLBf16Router:
         pick_score = scratch[None, 5]
         cute.arch.sync_warp()  # the previous token's reads of the scratch are done
         lane_max = _tree([keys[j] for j in range(slots)], _umax)
-        maxima[lane] = lane_max
-        cute.arch.sync_warp()
-        at_least = _count([maxima[l] >= lane_max for l in range(WARP)])  # lanes with a max >= ours
-        t = cute.arch.warp_redux_sync(
-            Uint32(cutlass.select_(at_least >= top_k, lane_max, Uint32(0))), "umax")
+        # The maxima compared as floats, where one `set` a lane gives 1.0 or 0.0 (keys and
+        # floats order alike: choice values are never -0.0, and NaNs only undercount, which
+        # lowers t, still a valid bound).
+        t = bound
+        if const_expr(self.legacy_counts):
+            maxima[lane] = lane_max
+            cute.arch.sync_warp()
+            qualifies = _count([maxima[l] >= lane_max for l in range(WARP)]) >= top_k
+            t = Uint32(cute.arch.warp_redux_sync(Uint32(cutlass.select_(qualifies, lane_max, Uint32(0))), "umax"))
+        else:
+            cand[lane] = cutlass.Int64(0)  # the slots no candidate fills (before the syncs below)
+            if bound == Uint32(0):  # the same on every lane: a uniform branch
+                lane_max_value = self._value(lane_max)
+                maxima[lane] = lane_max_value.bitcast(Uint32)
+                cute.arch.sync_warp()
+                at_least = _tree_sum([_one_if_ge(maxima[l].bitcast(Float32), lane_max_value)
+                                      for l in range(WARP)])  # lanes with a max >= ours
+                t = Uint32(cute.arch.warp_redux_sync(
+                    Uint32(cutlass.select_(at_least >= top_k.to(Float32), lane_max, Uint32(0))), "umax"))
+            else:
+                cute.arch.sync_warp()
         t = Uint32(cutlass.select_(t == Uint32(0), Uint32(1), t))  # never key 0 (no expert)
         # Each lane's candidates go after those of the lanes below it: an exclusive prefix
         # sum of the lanes' counts, one ballot per bit of the count.
@@ -362,25 +429,35 @@ class LLBf16Router:
             count = count + (cute.arch.popc(bits) << b)
         for j in cutlass.range_constexpr(slots):
             if is_candidate[j] & (pos < WARP):
-                high = (keys[j] ^ Uint32(0x80000000)).bitcast(Int32)
-                cand[pos] = (cutlass.Int64(high) << 32) | cutlass.Int64(~Uint32(j * WARP + lane))
+                if const_expr(self.legacy_counts):
+                    high = (keys[j] ^ Uint32(0x80000000)).bitcast(Int32)
+                    cand[pos] = (cutlass.Int64(high) << 32) | cutlass.Int64(~Uint32(j * WARP + lane))
+                else:
+                    cand[pos] = self._ranked(keys[j], j * WARP + lane)
                 cand_score[pos] = scores[j].bitcast(Uint32)
             pos = pos + Int32(cutlass.select_(is_candidate[j], Int32(1), Int32(0)))
         my_id, my_score = Int32(0), Float32(0.0)
         if count <= WARP:
             cute.arch.sync_warp()
             mine = cand[lane]
+            mine_score = cand_score[lane]  # loaded beside mine, off the path after the count
             # Each candidate's place: the candidates ahead of it. Usually there are a few
             # more than top_k, so up to 16 a shorter count will do (count is the same on
-            # every lane: a uniform branch).
+            # every lane: a uniform branch). Slots past count hold 0, never ahead.
             ahead = Int32(0)
-            if count <= WARP // 2:
-                ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP // 2)])
+            if const_expr(self.legacy_counts):
+                if count <= WARP // 2:
+                    ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP // 2)])
+                else:
+                    ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP)])
             else:
-                ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP)])
+                if count <= WARP // 2:
+                    ahead = _count_above([cand[d] for d in range(WARP // 2)], mine)
+                else:
+                    ahead = _count_above([cand[d] for d in range(WARP)], mine)
             if (lane < count) & (ahead < top_k):
                 pick_id[ahead] = ~Uint32(mine & cutlass.Int64(0xFFFFFFFF))
-                pick_score[ahead] = cand_score[lane]
+                pick_score[ahead] = mine_score
             cute.arch.sync_warp()
             # Lanes past top_k hold no pick (zero, as the picks give them: renormalizing
             # sums over all lanes).
@@ -461,7 +538,7 @@ class LLBf16Router:
         return first, second
 
     @cute.jit
-    def _mask_slot_groups(self, choice, keys, lane, n_group, topk_group, scratch):
+    def _mask_slot_groups(self, choice, keys, lane, top_k, n_group, topk_group, scratch) -> Uint32:
         """Groups of exactly 32 experts (DeepSeek-V3: 256 experts, 8 groups): group g is slot
         g of every lane. Shared memory turns slots into rows (8 groups at a time), so four
         lanes read a quarter of group g's choice values each, take their two best with a
@@ -474,6 +551,10 @@ class LLBf16Router:
         group_keys = scratch[None, GROUP_KEYS_ROW]
         group = lane // 4
         quarter = lane % 4
+        # Groups past n_group keep key 0, which beats no group (ordered before the group
+        # keys by the first sync below).
+        group_keys[lane] = Uint32(0)
+        seconds = []  # per chunk: the key of the second best of group c * 8 + lane // 4
         for c in cutlass.range_constexpr((slots + GROUP_CHUNK - 1) // GROUP_CHUNK):
             chunk = min(slots, (c + 1) * GROUP_CHUNK) - c * GROUP_CHUNK
             cute.arch.sync_warp()  # earlier reads of the scratch are done
@@ -489,15 +570,35 @@ class LLBf16Router:
                 first = cute.arch.fmax(first, other_first)
             if (quarter == 0) & (group < chunk):
                 group_keys[c * GROUP_CHUNK + group] = self._key(first + second)
+            seconds.append(self._key(second))
         cute.arch.sync_warp()
-        mine = group_keys[lane]
-        beaten_by = _count([
-            (Int32(i) < n_group) & ((group_keys[i] > mine) | ((group_keys[i] == mine) & (Int32(i) < lane)))
-            for i in range(slots)
-        ])
+        # (key, ~group) as one 64-bit word: a higher key beats, an equal one from a lower group.
+        beaten_by = Int32(0)
+        if const_expr(self.legacy_counts):
+            mine = group_keys[lane]
+            beaten_by = _count([
+                (Int32(i) < n_group) & ((group_keys[i] > mine) | ((group_keys[i] == mine) & (Int32(i) < lane)))
+                for i in range(slots)
+            ])
+        else:
+            mine = self._ranked(group_keys[lane], lane)
+            beaten_by = _count_above([self._ranked(group_keys[i], Int32(i)) for i in range(slots)], mine)
         kept = cute.arch.vote_ballot_sync((beaten_by < topk_group) & (lane < n_group))
         for j in cutlass.range_constexpr(slots):
             keys[j] = Uint32(cutlass.select_(((kept >> j) & 1) != 0, keys[j], Uint32(0)))
+        # A bound for the ranking: the kept groups' two best are 2 * topk_group experts, so
+        # when top_k is no more, at least top_k experts reach the least of them. (About 10.5
+        # candidates for DeepSeek-V3's random tokens, against 8.8 for the lanes' maxima.)
+        bound = Uint32(0)
+        if const_expr(self.group_bound):
+            least = Uint32(0xFFFFFFFF)
+            for c in cutlass.range_constexpr(len(seconds)):
+                g = c * GROUP_CHUNK + group
+                mine_kept = (quarter == 0) & (g < n_group) & (((kept >> g) & 1) != 0)
+                least = Uint32(cutlass.select_(mine_kept & (seconds[c] < least), seconds[c], least))
+            least = Uint32(cute.arch.warp_redux_sync(least, "umin"))
+            bound = Uint32(cutlass.select_(top_k <= 2 * topk_group, least, Uint32(0)))
+        return bound
 
     @cute.jit
     def _best_groups(self, group_key, lane, topk_group) -> Int32:
