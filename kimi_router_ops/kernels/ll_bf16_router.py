@@ -568,7 +568,8 @@ class LLBf16Router:
                 second = cute.arch.fmax(cute.arch.fmin(first, other_first),
                                         cute.arch.fmax(second, other_second))
                 first = cute.arch.fmax(first, other_first)
-            if (quarter == 0) & (group < chunk):
+            # (Slots past n_group, with more slots than groups, are no group: their key stays 0.)
+            if (quarter == 0) & (group < chunk) & (c * GROUP_CHUNK + group < n_group):
                 group_keys[c * GROUP_CHUNK + group] = self._key(first + second)
             seconds.append(self._key(second))
         cute.arch.sync_warp()
