@@ -146,7 +146,8 @@ class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
     def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 legacy_counts: bool = False, group_bound: bool = True):
+                 legacy_counts: bool = False, group_bound: bool = True, int_lane_count: bool = False,
+                 old_ahead: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -158,6 +159,8 @@ class LLBf16Router:
         self.bias_prefetch = bias_prefetch
         self.legacy_counts = legacy_counts  # EXPERIMENT: the counts of d2ca1fa
         self.group_bound = group_bound and not legacy_counts  # EXPERIMENT twin: False
+        self.int_lane_count = int_lane_count  # EXPERIMENT twin
+        self.old_ahead = old_ahead or legacy_counts  # EXPERIMENT twin
 
     @cute.jit
     def __call__(
@@ -406,13 +409,19 @@ class LLBf16Router:
         else:
             cand[lane] = cutlass.Int64(0)  # the slots no candidate fills (before the syncs below)
             if bound == Uint32(0):  # the same on every lane: a uniform branch
-                lane_max_value = self._value(lane_max)
-                maxima[lane] = lane_max_value.bitcast(Uint32)
-                cute.arch.sync_warp()
-                at_least = _tree_sum([_one_if_ge(maxima[l].bitcast(Float32), lane_max_value)
-                                      for l in range(WARP)])  # lanes with a max >= ours
-                t = Uint32(cute.arch.warp_redux_sync(
-                    Uint32(cutlass.select_(at_least >= top_k.to(Float32), lane_max, Uint32(0))), "umax"))
+                if const_expr(self.int_lane_count):
+                    maxima[lane] = lane_max
+                    cute.arch.sync_warp()
+                    qualifies = _count([maxima[l] >= lane_max for l in range(WARP)]) >= top_k
+                    t = Uint32(cute.arch.warp_redux_sync(Uint32(cutlass.select_(qualifies, lane_max, Uint32(0))), "umax"))
+                else:
+                    lane_max_value = self._value(lane_max)
+                    maxima[lane] = lane_max_value.bitcast(Uint32)
+                    cute.arch.sync_warp()
+                    at_least = _tree_sum([_one_if_ge(maxima[l].bitcast(Float32), lane_max_value)
+                                          for l in range(WARP)])  # lanes with a max >= ours
+                    t = Uint32(cute.arch.warp_redux_sync(
+                        Uint32(cutlass.select_(at_least >= top_k.to(Float32), lane_max, Uint32(0))), "umax"))
             else:
                 cute.arch.sync_warp()
         t = Uint32(cutlass.select_(t == Uint32(0), Uint32(1), t))  # never key 0 (no expert)
@@ -429,7 +438,7 @@ class LLBf16Router:
             count = count + (cute.arch.popc(bits) << b)
         for j in cutlass.range_constexpr(slots):
             if is_candidate[j] & (pos < WARP):
-                if const_expr(self.legacy_counts):
+                if const_expr(self.old_ahead):
                     high = (keys[j] ^ Uint32(0x80000000)).bitcast(Int32)
                     cand[pos] = (cutlass.Int64(high) << 32) | cutlass.Int64(~Uint32(j * WARP + lane))
                 else:
@@ -445,7 +454,7 @@ class LLBf16Router:
             # more than top_k, so up to 16 a shorter count will do (count is the same on
             # every lane: a uniform branch). Slots past count hold 0, never ahead.
             ahead = Int32(0)
-            if const_expr(self.legacy_counts):
+            if const_expr(self.old_ahead):
                 if count <= WARP // 2:
                     ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP // 2)])
                 else:
