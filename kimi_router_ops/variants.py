@@ -276,10 +276,8 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_GEMMS, False, "_legacy_counts", legacy_counts=True)
     + _router_rows([row._replace(n_ranges=ROUTER_N_RANGES[:1]) for row in ROUTER_GEMMS
                     if ROUTER_N_RANGES[0] in row.n_ranges], False, "_no_group_bound", group_bound=False)
-    + _router_rows([row._replace(n_ranges=ROUTER_N_RANGES[1:2]) for row in ROUTER_GEMMS
-                    if ROUTER_N_RANGES[1] in row.n_ranges], False, "_int_lane_count", int_lane_count=True)
-    + _router_rows([row._replace(n_ranges=ROUTER_N_RANGES[1:2]) for row in ROUTER_GEMMS
-                    if ROUTER_N_RANGES[1] in row.n_ranges], False, "_old_ahead", old_ahead=True)
+    + _router_rows([row._replace(n_ranges=tuple(r for r in row.n_ranges if r != ROUTER_N_RANGES[3]))
+                    for row in ROUTER_GEMMS], False, "_old_ahead", old_ahead=True)
 )
 
 
