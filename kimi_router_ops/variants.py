@@ -175,9 +175,6 @@ class RouterVariant:
     # routing reads it (docs/benchmarks.md, step 34).
     bias_prefetch: bool = False
     legacy_counts: bool = False  # EXPERIMENT: the routing's counts as at d2ca1fa
-    group_bound: bool = True  # EXPERIMENT twin: False
-    int_lane_count: bool = False  # EXPERIMENT twin
-    old_ahead: bool = False  # EXPERIMENT twin
 
     def __post_init__(self):
         _check_trigger(self)
@@ -249,13 +246,11 @@ ROUTER_ALTERNATIVES = (
 )
 
 
-def _router_rows(table, automatic, suffix="", legacy_counts=False, group_bound=True, int_lane_count=False,
-                 old_ahead=False):
+def _router_rows(table, automatic, suffix="", legacy_counts=False):
     return tuple(
         RouterVariant(f"router_{row.gemm}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi, n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
-                      bias_prefetch=row.bias_prefetch, legacy_counts=legacy_counts, group_bound=group_bound,
-                      int_lane_count=int_lane_count, old_ahead=old_ahead)
+                      bias_prefetch=row.bias_prefetch, legacy_counts=legacy_counts)
         for row in table
         for n_min, n_max in row.n_ranges
     )
@@ -274,10 +269,6 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     # EXPERIMENT: every table row with the routing's counts as at d2ca1fa.
     + _router_rows(ROUTER_GEMMS, False, "_legacy_counts", legacy_counts=True)
-    + _router_rows([row._replace(n_ranges=ROUTER_N_RANGES[:1]) for row in ROUTER_GEMMS
-                    if ROUTER_N_RANGES[0] in row.n_ranges], False, "_no_group_bound", group_bound=False)
-    + _router_rows([row._replace(n_ranges=tuple(r for r in row.n_ranges if r != ROUTER_N_RANGES[3]))
-                    for row in ROUTER_GEMMS], False, "_old_ahead", old_ahead=True)
 )
 
 

@@ -20,12 +20,13 @@ buffer (csrc/cuda/router_handoff.cpp).
 Routing, in one warp: lane l holds the choice values of experts l, l + 32, ... (up to
 `n_max`, a compile-time bound), as floats and as order-preserving unsigned keys. Groups of
 32 experts take their two best through shared memory. The top_k come from ranking a short
-list of candidates (every expert at least as good as the top_k-th best lane maximum): each
-candidate counts those ahead of it, in parallel, instead of top_k reductions in a row.
+list of candidates (every expert at least as good as the top_k-th best lane maximum, or as
+the least of the kept groups' two best): each candidate counts those ahead of it, in
+parallel, instead of top_k reductions in a row.
 
 One warp runs the whole chain, so its length is the latency: counts are trees of adds
-(kept as trees, see _add), and nothing waits on a string of `redux.sync`s
-(docs/benchmarks.md, steps 23-26).
+(kept as trees, see _add) of compares of as few instructions as the values allow, and
+nothing waits on a string of `redux.sync`s (docs/benchmarks.md, steps 23-26 and 40).
 """
 
 import cuda.bindings.driver as cuda
@@ -146,8 +147,7 @@ class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
     def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 legacy_counts: bool = False, group_bound: bool = True, int_lane_count: bool = False,
-                 old_ahead: bool = False):
+                 legacy_counts: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -158,9 +158,6 @@ class LLBf16Router:
         self.exclusive = exclusive
         self.bias_prefetch = bias_prefetch
         self.legacy_counts = legacy_counts  # EXPERIMENT: the counts of d2ca1fa
-        self.group_bound = group_bound and not legacy_counts  # EXPERIMENT twin: False
-        self.int_lane_count = int_lane_count  # EXPERIMENT twin
-        self.old_ahead = old_ahead or legacy_counts  # EXPERIMENT twin
 
     @cute.jit
     def __call__(
@@ -409,19 +406,13 @@ class LLBf16Router:
         else:
             cand[lane] = cutlass.Int64(0)  # the slots no candidate fills (before the syncs below)
             if bound == Uint32(0):  # the same on every lane: a uniform branch
-                if const_expr(self.int_lane_count):
-                    maxima[lane] = lane_max
-                    cute.arch.sync_warp()
-                    qualifies = _count([maxima[l] >= lane_max for l in range(WARP)]) >= top_k
-                    t = Uint32(cute.arch.warp_redux_sync(Uint32(cutlass.select_(qualifies, lane_max, Uint32(0))), "umax"))
-                else:
-                    lane_max_value = self._value(lane_max)
-                    maxima[lane] = lane_max_value.bitcast(Uint32)
-                    cute.arch.sync_warp()
-                    at_least = _tree_sum([_one_if_ge(maxima[l].bitcast(Float32), lane_max_value)
-                                          for l in range(WARP)])  # lanes with a max >= ours
-                    t = Uint32(cute.arch.warp_redux_sync(
-                        Uint32(cutlass.select_(at_least >= top_k.to(Float32), lane_max, Uint32(0))), "umax"))
+                lane_max_value = self._value(lane_max)
+                maxima[lane] = lane_max_value.bitcast(Uint32)
+                cute.arch.sync_warp()
+                at_least = _tree_sum([_one_if_ge(maxima[l].bitcast(Float32), lane_max_value)
+                                      for l in range(WARP)])  # lanes with a max >= ours
+                t = Uint32(cute.arch.warp_redux_sync(
+                    Uint32(cutlass.select_(at_least >= top_k.to(Float32), lane_max, Uint32(0))), "umax"))
             else:
                 cute.arch.sync_warp()
         t = Uint32(cutlass.select_(t == Uint32(0), Uint32(1), t))  # never key 0 (no expert)
@@ -438,7 +429,7 @@ class LLBf16Router:
             count = count + (cute.arch.popc(bits) << b)
         for j in cutlass.range_constexpr(slots):
             if is_candidate[j] & (pos < WARP):
-                if const_expr(self.old_ahead):
+                if const_expr(self.legacy_counts):
                     high = (keys[j] ^ Uint32(0x80000000)).bitcast(Int32)
                     cand[pos] = (cutlass.Int64(high) << 32) | cutlass.Int64(~Uint32(j * WARP + lane))
                 else:
@@ -454,15 +445,19 @@ class LLBf16Router:
             # more than top_k, so up to 16 a shorter count will do (count is the same on
             # every lane: a uniform branch). Slots past count hold 0, never ahead.
             ahead = Int32(0)
-            if const_expr(self.old_ahead):
+            if const_expr(self.legacy_counts):
                 if count <= WARP // 2:
                     ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP // 2)])
                 else:
                     ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP)])
             else:
                 if count <= WARP // 2:
-                    ahead = _count_above([cand[d] for d in range(WARP // 2)], mine)
+                    # Compare, select and add (the borrows measured 0.02-0.13 us slower here).
+                    mine_u = mine.to(cutlass.Uint64)
+                    ahead = _count([cand[d].to(cutlass.Uint64) > mine_u for d in range(WARP // 2)])
                 else:
+                    # The borrow of a subtraction, three instructions a candidate (against five
+                    # or six; 0.03-0.06 us faster for Kimi-K3's top-16).
                     ahead = _count_above([cand[d] for d in range(WARP)], mine)
             if (lane < count) & (ahead < top_k):
                 pick_id[ahead] = ~Uint32(mine & cutlass.Int64(0xFFFFFFFF))
@@ -600,7 +595,7 @@ class LLBf16Router:
         # when top_k is no more, at least top_k experts reach the least of them. (About 10.5
         # candidates for DeepSeek-V3's random tokens, against 8.8 for the lanes' maxima.)
         bound = Uint32(0)
-        if const_expr(self.group_bound):
+        if const_expr(not self.legacy_counts):
             least = Uint32(0xFFFFFFFF)
             for c in cutlass.range_constexpr(len(seconds)):
                 g = c * GROUP_CHUNK + group
