@@ -174,7 +174,6 @@ class RouterVariant:
     # the previous kernel writes). A model's per-layer bias is cold in L2 by the time the
     # routing reads it (docs/benchmarks.md, step 34).
     bias_prefetch: bool = False
-    legacy_counts: bool = False  # EXPERIMENT: the routing's counts as at d2ca1fa
 
     def __post_init__(self):
         _check_trigger(self)
@@ -246,11 +245,11 @@ ROUTER_ALTERNATIVES = (
 )
 
 
-def _router_rows(table, automatic, suffix="", legacy_counts=False):
+def _router_rows(table, automatic, suffix=""):
     return tuple(
         RouterVariant(f"router_{row.gemm}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi, n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
-                      bias_prefetch=row.bias_prefetch, legacy_counts=legacy_counts)
+                      bias_prefetch=row.bias_prefetch)
         for row in table
         for n_min, n_max in row.n_ranges
     )
@@ -267,8 +266,6 @@ ROUTER_VARIANTS = (
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
     + _router_rows(ROUTER_ALTERNATIVES, False)
-    # EXPERIMENT: every table row with the routing's counts as at d2ca1fa.
-    + _router_rows(ROUTER_GEMMS, False, "_legacy_counts", legacy_counts=True)
 )
 
 

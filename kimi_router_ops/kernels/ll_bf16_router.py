@@ -146,8 +146,7 @@ def _count_above(values, mine):
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 legacy_counts: bool = False):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -157,7 +156,6 @@ class LLBf16Router:
         self.ctas_per_sm = gemm.ctas_per_sm
         self.exclusive = exclusive
         self.bias_prefetch = bias_prefetch
-        self.legacy_counts = legacy_counts  # EXPERIMENT: the counts of d2ca1fa
 
     @cute.jit
     def __call__(
@@ -398,23 +396,17 @@ class LLBf16Router:
         # floats order alike: choice values are never -0.0, and NaNs only undercount, which
         # lowers t, still a valid bound).
         t = bound
-        if const_expr(self.legacy_counts):
-            maxima[lane] = lane_max
+        cand[lane] = cutlass.Int64(0)  # the slots no candidate fills (before the syncs below)
+        if bound == Uint32(0):  # the same on every lane: a uniform branch
+            lane_max_value = self._value(lane_max)
+            maxima[lane] = lane_max_value.bitcast(Uint32)
             cute.arch.sync_warp()
-            qualifies = _count([maxima[l] >= lane_max for l in range(WARP)]) >= top_k
-            t = Uint32(cute.arch.warp_redux_sync(Uint32(cutlass.select_(qualifies, lane_max, Uint32(0))), "umax"))
+            at_least = _tree_sum([_one_if_ge(maxima[l].bitcast(Float32), lane_max_value)
+                                  for l in range(WARP)])  # lanes with a max >= ours
+            t = Uint32(cute.arch.warp_redux_sync(
+                Uint32(cutlass.select_(at_least >= top_k.to(Float32), lane_max, Uint32(0))), "umax"))
         else:
-            cand[lane] = cutlass.Int64(0)  # the slots no candidate fills (before the syncs below)
-            if bound == Uint32(0):  # the same on every lane: a uniform branch
-                lane_max_value = self._value(lane_max)
-                maxima[lane] = lane_max_value.bitcast(Uint32)
-                cute.arch.sync_warp()
-                at_least = _tree_sum([_one_if_ge(maxima[l].bitcast(Float32), lane_max_value)
-                                      for l in range(WARP)])  # lanes with a max >= ours
-                t = Uint32(cute.arch.warp_redux_sync(
-                    Uint32(cutlass.select_(at_least >= top_k.to(Float32), lane_max, Uint32(0))), "umax"))
-            else:
-                cute.arch.sync_warp()
+            cute.arch.sync_warp()
         t = Uint32(cutlass.select_(t == Uint32(0), Uint32(1), t))  # never key 0 (no expert)
         # Each lane's candidates go after those of the lanes below it: an exclusive prefix
         # sum of the lanes' counts, one ballot per bit of the count.
@@ -429,11 +421,7 @@ class LLBf16Router:
             count = count + (cute.arch.popc(bits) << b)
         for j in cutlass.range_constexpr(slots):
             if is_candidate[j] & (pos < WARP):
-                if const_expr(self.legacy_counts):
-                    high = (keys[j] ^ Uint32(0x80000000)).bitcast(Int32)
-                    cand[pos] = (cutlass.Int64(high) << 32) | cutlass.Int64(~Uint32(j * WARP + lane))
-                else:
-                    cand[pos] = self._ranked(keys[j], j * WARP + lane)
+                cand[pos] = self._ranked(keys[j], j * WARP + lane)
                 cand_score[pos] = scores[j].bitcast(Uint32)
             pos = pos + Int32(cutlass.select_(is_candidate[j], Int32(1), Int32(0)))
         my_id, my_score = Int32(0), Float32(0.0)
@@ -443,22 +431,19 @@ class LLBf16Router:
             mine_score = cand_score[lane]  # loaded beside mine, off the path after the count
             # Each candidate's place: the candidates ahead of it. Usually there are a few
             # more than top_k, so up to 16 a shorter count will do (count is the same on
-            # every lane: a uniform branch). Slots past count hold 0, never ahead.
+            # every lane: a uniform branch).
             ahead = Int32(0)
-            if const_expr(self.legacy_counts):
-                if count <= WARP // 2:
-                    ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP // 2)])
-                else:
-                    ahead = _count([(Int32(d) < count) & (cand[d] > mine) for d in range(WARP)])
+            if count <= WARP // 2:
+                # Compare, select and add: for 16 the borrows below measured up to 0.13 us
+                # slower (Kimi-K2; docs/benchmarks.md, step 40).
+                mine_u = mine.to(cutlass.Uint64)
+                ahead = _count([(Int32(d) < count) & (cand[d].to(cutlass.Uint64) > mine_u)
+                                for d in range(WARP // 2)])
             else:
-                if count <= WARP // 2:
-                    # Compare, select and add (the borrows measured 0.02-0.13 us slower here).
-                    mine_u = mine.to(cutlass.Uint64)
-                    ahead = _count([cand[d].to(cutlass.Uint64) > mine_u for d in range(WARP // 2)])
-                else:
-                    # The borrow of a subtraction, three instructions a candidate (against five
-                    # or six; 0.03-0.06 us faster for Kimi-K3's top-16).
-                    ahead = _count_above([cand[d] for d in range(WARP)], mine)
+                # The borrow of a subtraction, three instructions a candidate against five or
+                # six: 0.03-0.06 us faster for Kimi-K3's top-16 (about 21 candidates). Slots
+                # past count hold 0, never ahead.
+                ahead = _count_above([cand[d] for d in range(WARP)], mine)
             if (lane < count) & (ahead < top_k):
                 pick_id[ahead] = ~Uint32(mine & cutlass.Int64(0xFFFFFFFF))
                 pick_score[ahead] = mine_score
@@ -578,32 +563,21 @@ class LLBf16Router:
             seconds.append(self._key(second))
         cute.arch.sync_warp()
         # (key, ~group) as one 64-bit word: a higher key beats, an equal one from a lower group.
-        beaten_by = Int32(0)
-        if const_expr(self.legacy_counts):
-            mine = group_keys[lane]
-            beaten_by = _count([
-                (Int32(i) < n_group) & ((group_keys[i] > mine) | ((group_keys[i] == mine) & (Int32(i) < lane)))
-                for i in range(slots)
-            ])
-        else:
-            mine = self._ranked(group_keys[lane], lane)
-            beaten_by = _count_above([self._ranked(group_keys[i], Int32(i)) for i in range(slots)], mine)
+        mine = self._ranked(group_keys[lane], lane)
+        beaten_by = _count_above([self._ranked(group_keys[i], Int32(i)) for i in range(slots)], mine)
         kept = cute.arch.vote_ballot_sync((beaten_by < topk_group) & (lane < n_group))
         for j in cutlass.range_constexpr(slots):
             keys[j] = Uint32(cutlass.select_(((kept >> j) & 1) != 0, keys[j], Uint32(0)))
         # A bound for the ranking: the kept groups' two best are 2 * topk_group experts, so
         # when top_k is no more, at least top_k experts reach the least of them. (About 10.5
         # candidates for DeepSeek-V3's random tokens, against 8.8 for the lanes' maxima.)
-        bound = Uint32(0)
-        if const_expr(not self.legacy_counts):
-            least = Uint32(0xFFFFFFFF)
-            for c in cutlass.range_constexpr(len(seconds)):
-                g = c * GROUP_CHUNK + group
-                mine_kept = (quarter == 0) & (g < n_group) & (((kept >> g) & 1) != 0)
-                least = Uint32(cutlass.select_(mine_kept & (seconds[c] < least), seconds[c], least))
-            least = Uint32(cute.arch.warp_redux_sync(least, "umin"))
-            bound = Uint32(cutlass.select_(top_k <= 2 * topk_group, least, Uint32(0)))
-        return bound
+        least = Uint32(0xFFFFFFFF)
+        for c in cutlass.range_constexpr(len(seconds)):
+            g = c * GROUP_CHUNK + group
+            mine_kept = (quarter == 0) & (g < n_group) & (((kept >> g) & 1) != 0)
+            least = Uint32(cutlass.select_(mine_kept & (seconds[c] < least), seconds[c], least))
+        least = Uint32(cute.arch.warp_redux_sync(least, "umin"))
+        return Uint32(cutlass.select_(top_k <= 2 * topk_group, least, Uint32(0)))
 
     @cute.jit
     def _best_groups(self, group_key, lane, topk_group) -> Int32:
