@@ -5,6 +5,7 @@ import torch
 
 import kimi_router_ops  # noqa: F401  (registers torch.ops.kimi)
 from kimi_router_ops.bench import SHAPES
+from kimi_router_ops.checks import dot_error
 
 # Kimi-K3, Kimi-K2, DeepSeek-V3 router shapes, (N experts, K hidden): the benchmark's table.
 MODEL_SHAPES = SHAPES
@@ -39,16 +40,6 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     assert torch.isfinite(out).all(), "non-finite output"
     denom = ref.norm().item()
     return (out - ref).norm().item() / (denom if denom > 0 else 1.0)
-
-
-def dot_error(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
-    """The worst |out - ref| over sum_k |x_k w_k|, element by element: the scale of a dot
-    product's rounding error, which a result that nearly cancels (a logit near 0 from large
-    terms) does not shrink."""
-    out = out.double().cpu()
-    assert torch.isfinite(out).all(), "non-finite output"
-    magnitude = x.double().cpu().abs() @ w.double().cpu().abs().t()
-    return ((out - reference(x, w)).abs() / magnitude.clamp_min(1e-300)).max().item() if out.numel() else 0.0
 
 
 def assert_gemm_close(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype):

@@ -15,6 +15,7 @@ import torch
 
 import kimi_router_ops
 from kimi_router_ops import variants
+from kimi_router_ops.checks import dot_error
 
 N_LIST = (1, 3, 17, 895)
 # Odd K for the scalar-load kernels; multiples of 8 (chunk and split tails) for all of them.
@@ -48,7 +49,7 @@ def main():
                 out_dtypes = (torch.float32, torch.bfloat16) if n in (17, 896) else (torch.float32,)
                 for out_dtype in out_dtypes:
                     out = kimi_router_ops.ll_bf16_gemm_with_variant(x.cuda(), w.cuda(), v.name, out_dtype)
-                    err = gemm_error(out, x, w)
+                    err = dot_error(out, x, w)
                     worst = max(worst, err if out_dtype == torch.float32 else err / 800)
                     calls += 1
     for r in variants.ROUTER_VARIANTS:
@@ -67,7 +68,7 @@ def main():
                         x.cuda(), w.cuda(), cuda_bias, *route, r.name
                     )
                     ref_weights, ref_ids, _ = kimi_router_ops.ll_bf16_router(x, w, bias, *route)
-                    worst = max(worst, gemm_error(logits, x, w))
+                    worst = max(worst, dot_error(logits, x, w))
                     # Ids may differ only at a near-tie; a wrong handoff gives garbage. Two
                     # picks within the kernel's sigmoid error of each other may also come in
                     # the other order (docs/api.md), so weights are compared in id order.
@@ -101,13 +102,6 @@ def main():
     print(f"{calls} kernel calls, worst fp32 error {worst:.2e} (relative to sum |x w|)")
     if worst > 1e-5:
         sys.exit(1)
-
-
-def gemm_error(out, x, w):
-    """Largest |out - x wᵀ| relative to |x| |w|ᵀ: the scale of fp32 rounding, never 0/0."""
-    ref = x.double() @ w.double().t()
-    scale = x.double().abs() @ w.double().abs().t()
-    return ((out.cpu().double() - ref).abs() / scale.clamp_min(1e-30)).max().item()
 
 
 def ulps(a, b):
