@@ -297,13 +297,6 @@ class LLBf16Mma:
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
                 self._store(out, handoff, idx, total, biases[p], expert_first, m_count, n_count)
-        if const_expr(handoff is not None and cluster_k > 1 and handoff_buffer.publishes_keys(handoff)):
-            # A routing warp polls right after this. Unpaced, its polls reached L2 before the
-            # last of its own cluster's scores and came back a round trip later for them
-            # (docs/benchmarks.md, step 41); after a cluster barrier (release, acquire) they
-            # find its cluster's scores in L2, and the clusters before it are done sooner.
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
 
     @cute.jit
     def _store(self, out, handoff, idx, total, bias, expert_first, m_count, n_count):
