@@ -48,7 +48,7 @@ def fake_arguments(vec: int, out_dtype: str):
     return x, w, out
 
 
-def fake_router_arguments(bias_dtype: str, choice_keys: bool):
+def fake_router_arguments(bias_dtype: str):
     """Fake x, w, bias [1, N], logits [M, N], weights and ids [M, top_k], handoff [M, N] and
     the routing scalars: all sizes and row strides are run-time values."""
     import cutlass
@@ -60,11 +60,11 @@ def fake_router_arguments(bias_dtype: str, choice_keys: bool):
     bias_type = {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16}[bias_dtype]
 
     def fake(dtype, shape):
-        return make_fake_tensor(dtype, shape, (cute.sym_int64(), 1), assumed_align=dtype.width // 8)
+        return make_fake_tensor(dtype, shape, (cute.sym_int64(), 1), assumed_align=4 if dtype.width == 32 else 2)
 
     bias = fake(bias_type, (cute.sym_int32(symbol="ONE"), n))
     weights, ids = fake(cutlass.Float32, (m, top_k)), fake(cutlass.Int32, (m, top_k))
-    handoff = fake(cutlass.Int64 if choice_keys else cutlass.Int32, (m, n))
+    handoff = fake(cutlass.Int32, (m, n))
     scalars = [cutlass.Int32(1)] * 5 + [cutlass.Float32(1.0)]
     return [x, w, bias, logits, weights, ids, handoff, *scalars]
 
@@ -117,7 +117,7 @@ def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:
 
 def compile_router_kernel(router, bias_dtype, arch, out_dir: Path) -> str:
     symbol = variants.router_kernel_symbol(router, bias_dtype, arch)
-    export(router_object(router), fake_router_arguments(bias_dtype, router.choice_keys), symbol, arch, out_dir)
+    export(router_object(router), fake_router_arguments(bias_dtype), symbol, arch, out_dir)
     return symbol
 
 

@@ -9,7 +9,7 @@ Adding a variant is one row here, plus the benchmark number that justifies it
 (docs/benchmarks.md).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Union
 
 INT32_MAX = 2**31 - 1
@@ -174,9 +174,6 @@ class RouterVariant:
     # the previous kernel writes). A model's per-layer bias is cold in L2 by the time the
     # routing reads it (docs/benchmarks.md, step 34).
     bias_prefetch: bool = False
-    # The GEMM body publishes 64-bit words of (choice key, score), so the routing warp loads
-    # no bias and computes no keys; False: 32-bit words of the score alone.
-    choice_keys: bool = True
 
     def __post_init__(self):
         _check_trigger(self)
@@ -269,8 +266,6 @@ ROUTER_VARIANTS = (
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
     + _router_rows(ROUTER_ALTERNATIVES, False)
-    + tuple(replace(r, name=r.name + "_score_words", automatic=False, choice_keys=False)
-            for r in _router_rows(ROUTER_GEMMS, True))
 )
 
 

@@ -266,12 +266,10 @@ def test_ptx_fused_router_hands_off_through_the_buffer(arch):
 
 @requires_cuda_build
 @pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
-def test_ptx_fused_router_reads_only_parameters_before_the_wait(arch):
-    """Before the PDL wait a fused router loads the weights' first step (16-byte loads) and,
-    where it publishes choice keys, the bias of each expert a thread publishes (scalar
-    loads), nothing else; a row with the bias prefetch also asks L2 for the bias (kernel
-    parameter 2, rounded up to 16 bytes) with one bulk prefetch, and without it there is
-    no prefetch at all."""
+def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
+    """A row with the bias prefetch asks L2 for the bias (kernel parameter 2, rounded up to
+    16 bytes) before the PDL wait with one bulk prefetch, and loads nothing but the
+    weights' first step there; without it, no prefetch at all."""
     for r, dt, a, _ in variants.compiled_router_kernels():
         if a != arch:
             continue
@@ -279,12 +277,7 @@ def test_ptx_fused_router_reads_only_parameters_before_the_wait(arch):
         head = ptx.partition("griddepcontrol.wait")[0]
         assert ptx.count("prefetch") == head.count("cp.async.bulk.prefetch.L2.global [") == int(r.bias_prefetch)
         gemm = variants.variant(r.gemm)
-        loads = global_loads_before_wait(ptx)
-        vectors = [load for load in loads if ".v4." in load]
-        assert len(vectors) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0), r.name
-        bias_type = {"float32": ".b32", "bfloat16": ".b16"}[dt]
-        assert all(load.strip().endswith(bias_type) for load in loads if ".v4." not in load), r.name
-        assert (len(loads) > len(vectors)) == r.choice_keys, r.name
+        assert len(global_loads_before_wait(ptx)) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0)
         if r.bias_prefetch:
             params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
             bias = next(reg for reg, p in params.items() if p == "2")

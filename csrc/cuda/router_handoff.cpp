@@ -60,15 +60,17 @@ class EmptyArena {
 
 struct HandoffPool {
   std::mutex mutex;
-  std::map<cudaStream_t, void*> by_stream;
+  std::map<cudaStream_t, int32_t*> by_stream;
   EmptyArena empty;
 
-  void* take(int64_t words) { return empty.take(size_t(words) * kHandoffWordBytes); }
+  int32_t* take(int64_t words) {
+    return static_cast<int32_t*>(empty.take(size_t(words) * sizeof(int32_t)));
+  }
 };
 
 }  // namespace
 
-void* router_handoff(int device, cudaStream_t stream, int64_t words) {
+int32_t* router_handoff(int device, cudaStream_t stream, int64_t words) {
   static HandoffPool pools[kMaxDevices];
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "kimi_router_ops: device index ", device,
               " >= ", kMaxDevices);
@@ -81,7 +83,7 @@ void* router_handoff(int device, cudaStream_t stream, int64_t words) {
   if (capture != cudaStreamCaptureStatusNone) {
     return pool.take(words);
   }
-  void*& buffer = pool.by_stream[stream];
+  int32_t*& buffer = pool.by_stream[stream];
   if (buffer == nullptr) {
     buffer = pool.take(kStreamWords);
   }

@@ -22,9 +22,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from . import handoff as handoff_buffer
 from variants import TRIGGERS  # aot.py imports kernels/ beside variants
 
+from . import handoff as handoff_buffer
 
 
 class LLBf16Dotprod:
@@ -113,10 +113,9 @@ class LLBf16Dotprod:
         self.body(xv, wv, out)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None, bias=None, has_bias=None):
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
-        handoff buffer, kernels/handoff.py, to publish every expert's score in as well, and
-        the bias that goes into the choice keys published there)."""
+        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
         max_m: cutlass.Constexpr = self.max_m
         rows: cutlass.Constexpr = self.rows_per_cta
         unroll: cutlass.Constexpr = self.unroll
@@ -149,10 +148,6 @@ class LLBf16Dotprod:
             # now, so they travel from HBM while we wait for hidden_states to be written.
             _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
             self._load_weights(wv, w_regs, w_rows, first_columns, last=self.prefetch_window)
-        # The bias of the expert this thread finishes (thread m * rows + r: token m, expert r).
-        my_bias = Float32(0.0)
-        if const_expr(handoff is not None):
-            my_bias = handoff_buffer.bias_of(handoff, bias, has_bias, cutlass.min(n_first + tidx % rows, n_count - 1))
         # Let the next kernel launch: it cannot read our output before its own wait, which
         # returns only once this grid has finished and flushed, so the early signal is safe,
         # and a dependent router kernel can stream its weights while we finish.
@@ -211,4 +206,4 @@ class LLBf16Dotprod:
             if m < m_count and n_first + r < n_count:
                 out[m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
-                    handoff_buffer.publish(handoff, m, n_first + r, total, my_bias)
+                    handoff_buffer.publish(handoff, m, n_first + r, total)

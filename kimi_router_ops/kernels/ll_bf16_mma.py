@@ -31,9 +31,9 @@ from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-from . import handoff as handoff_buffer
 from variants import TRIGGERS  # aot.py imports kernels/ beside variants
 
+from . import handoff as handoff_buffer
 
 TILE_E = 16  # experts per MMA (its M)
 TILE_T = 8  # tokens per MMA (its N)
@@ -165,10 +165,9 @@ class LLBf16Mma:
         self.body(xv, wv, out)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None, bias=None, has_bias=None):
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
-        handoff buffer, kernels/handoff.py, to publish every expert's score in as well, and
-        the bias that goes into the choice keys published there)."""
+        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks
@@ -225,15 +224,6 @@ class LLBf16Mma:
             # W never depends on the kernel before us: request the first step's weights now,
             # so they travel from HBM while that kernel finishes writing hidden_states.
             self._load_weights(wv, w_regs, w_rows, columns)
-        # The outputs this thread finishes (in the reduction below), and their biases.
-        share = (outputs + cluster_k - 1) // cluster_k
-        publish_passes: cutlass.Constexpr = (share + threads - 1) // threads
-        biases = [Float32(0.0)] * publish_passes
-        if const_expr(handoff is not None):
-            for p in cutlass.range_constexpr(publish_passes):
-                idx = rank * share + p * threads + tidx
-                token = idx // experts
-                biases[p] = handoff_buffer.bias_of(handoff, bias, has_bias, cutlass.min(expert_first + idx - token * experts, n_count - 1))
         if const_expr(self.pdl and self.trigger == "before_wait"):
             # As safe as after the x loads (below), and the next kernel's CTAs get going
             # sooner: in some fused router rows that keeps their weight stream out of the
@@ -263,6 +253,7 @@ class LLBf16Mma:
         # (rank, warp) of the finishing CTA's mailbox; after one barrier each CTA adds its
         # slots in slot order (a fixed order) and writes out. No one reads remote memory, so
         # no second barrier is needed before exit.
+        share = (outputs + cluster_k - 1) // cluster_k
         slots = cluster_k * warps
         smem = cutlass.utils.SmemAllocator()
         mailbox = smem.allocate_tensor(
@@ -289,20 +280,20 @@ class LLBf16Mma:
             # Release our stores into the peers' mailboxes, acquire theirs into ours.
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
-        for p in cutlass.range_constexpr(publish_passes):
+        for p in cutlass.range_constexpr((share + threads - 1) // threads):
             pos = p * threads + tidx
             idx = rank * share + pos
             if pos < share and idx < outputs:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
-                self._store(out, handoff, idx, total, biases[p], expert_first, m_count, n_count)
+                self._store(out, handoff, idx, total, expert_first, m_count, n_count)
 
     @cute.jit
-    def _store(self, out, handoff, idx, total, bias, expert_first, m_count, n_count):
+    def _store(self, out, handoff, idx, total, expert_first, m_count, n_count):
         token = idx // self.experts
         expert = expert_first + idx - token * self.experts
         if token < m_count and expert < n_count:
             out[token, expert] = total.to(out.element_type)
             if const_expr(handoff is not None):
-                handoff_buffer.publish(handoff, token, expert, total, bias)
+                handoff_buffer.publish(handoff, token, expert, total)

@@ -166,7 +166,7 @@ class LLBf16Router:
         logits: cute.Tensor,  # [M, N] float32, out
         weights: cute.Tensor,  # [M, top_k] float32, out
         ids: cute.Tensor,  # [M, top_k] int32, out
-        handoff: cute.Tensor,  # [M, N] int64 or int32 (kernels/handoff.py), EMPTY before and after
+        handoff: cute.Tensor,  # [M, N] int32, EMPTY before the call and after it
         top_k: Int32,
         n_group: Int32,
         topk_group: Int32,
@@ -216,7 +216,7 @@ class LLBf16Router:
         if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
-        self.gemm.body(xv, wv, logits, handoff, bias, has_bias)
+        self.gemm.body(xv, wv, logits, handoff)
         smem = cutlass.utils.SmemAllocator()
         scratch = smem.allocate_tensor(Uint32, cute.make_layout((WARP, SCRATCH_ROWS, self.warps)), 16)
         self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
@@ -272,15 +272,17 @@ class LLBf16Router:
             # All experts present (every real router's N): no clamped indices, so each load
             # and store is one instruction at an immediate offset from the lane's address.
             if n_count == slots * WARP:
-                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, keys, True)
+                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, True)
             else:
-                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, keys, False)
+                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, False)
+            for j in cutlass.range_constexpr(slots):
+                c = scores[j] + choice[j]
+                choice[j] = c
+                # Key 0 is "no expert": never picked (top_k <= the experts that remain).
+                keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
 
             bound = Uint32(0)  # a key that at least top_k experts reach, if known; 0: not
             if topk_group < n_group:
-                if const_expr(handoff_buffer.publishes_keys(handoff)):
-                    for j in cutlass.range_constexpr(slots):
-                        choice[j] = self._value(keys[j])  # key 0 (no expert): NaN
                 if n_count == n_group * WARP:
                     bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
                                                    scratch[None, None, warp])
@@ -302,53 +304,34 @@ class LLBf16Router:
                 ids[m, lane] = my_id
 
     @cute.jit
-    def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice, keys,
+    def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice,
                 exact: cutlass.Constexpr):
-        """This token's scores and choice keys (polled until all are published, then emptied
-        again), and from 32-bit words of scores alone their choice values as well. With `exact` every lane's
-        experts all exist; otherwise indices are clamped (loads), the stores skipped and the
-        keys of experts past N are 0 ("no expert": never picked, as top_k <= the experts
-        that remain)."""
+        """This token's scores (polled until all are published, then emptied again) and
+        biases. With `exact` every lane's experts all exist; otherwise indices are clamped
+        (loads) or the stores skipped."""
         slots: cutlass.Constexpr = self.slots
-        words = cute.make_rmem_tensor((slots,), handoff.element_type)
         # Every load first, with no branch between them, so that they are all in flight at
         # once: one L2 round trip, not one per expert. (Without a bias its pointer is a
         # stand-in, never read: a uniform branch.)
-        if const_expr(not handoff_buffer.publishes_keys(handoff)):
-            choice.fill(0.0)
-            if has_bias != 0:
-                for j in cutlass.range_constexpr(slots):
-                    choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
-        for j in cutlass.range_constexpr(slots):
-            words[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact))
-        # Until every score of this token has been published: reload what is not. (The score
-        # is a word's low half, never EMPTY once published.)
-        while cute.arch.vote_any_sync(self._pending(words)):
+        choice.fill(0.0)
+        if has_bias != 0:
             for j in cutlass.range_constexpr(slots):
-                if Int32(words[j]) == Int32(handoff_buffer.EMPTY):
-                    words[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact))
+                choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
+        for j in cutlass.range_constexpr(slots):
+            scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
+        # Until every score of this token has been published: reload what is not.
+        while cute.arch.vote_any_sync(self._pending(scores)):
+            for j in cutlass.range_constexpr(slots):
+                if scores[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY):
+                    scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
         # Empty again for the next call (which polls only after its PDL wait, when this
         # grid has finished and its stores are visible).
         for j in cutlass.range_constexpr(slots):
-            empty = words.element_type(handoff_buffer.EMPTY)
             if const_expr(exact):
-                handoff[m, j * WARP + lane] = empty
+                handoff[m, j * WARP + lane] = Int32(handoff_buffer.EMPTY)
             else:
                 if j * WARP + lane < n_count:
-                    handoff[m, j * WARP + lane] = empty
-        for j in cutlass.range_constexpr(slots):
-            scores[j] = Int32(words[j]).bitcast(Float32)
-            key = Uint32(0)
-            if const_expr(handoff_buffer.publishes_keys(handoff)):
-                key = Uint32(Int32(words[j] >> 32).bitcast(Uint32))
-            else:
-                c = scores[j] + choice[j]
-                choice[j] = c
-                key = handoff_buffer.order_key(c)
-            if const_expr(exact):
-                keys[j] = key
-            else:
-                keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, key, Uint32(0)))
+                    handoff[m, j * WARP + lane] = Int32(handoff_buffer.EMPTY)
 
     @cute.jit
     def _expert(self, j, lane, n_count, exact: cutlass.Constexpr):
@@ -357,6 +340,14 @@ class LLBf16Router:
         if const_expr(not exact):
             e = cutlass.min(e, n_count - 1)
         return e
+
+    @cute.jit
+    def _key(self, v: Float32) -> Uint32:
+        """An unsigned key that orders like the float (finite values and infinities): the
+        sign bit set for positives, every bit flipped for negatives."""
+        bits = v.bitcast(Int32)
+        flip = (bits >> 31) | Int32(-(2**31))
+        return (bits ^ flip).bitcast(Uint32)
 
     @cute.jit
     def _ranked(self, key: Uint32, index) -> cutlass.Int64:
@@ -372,9 +363,9 @@ class LLBf16Router:
 
     @cute.jit
     def _pending(self, values) -> cutlass.Boolean:
-        pending = Int32(values[0]) == Int32(handoff_buffer.EMPTY)
+        pending = values[0].bitcast(Int32) == Int32(handoff_buffer.EMPTY)
         for j in cutlass.range_constexpr(1, self.slots):
-            pending = pending | (Int32(values[j]) == Int32(handoff_buffer.EMPTY))
+            pending = pending | (values[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY))
         return pending
 
     @cute.jit
@@ -568,8 +559,8 @@ class LLBf16Router:
                 first = cute.arch.fmax(first, other_first)
             # (Slots past n_group, with more slots than groups, are no group: their key stays 0.)
             if (quarter == 0) & (group < chunk) & (c * GROUP_CHUNK + group < n_group):
-                group_keys[c * GROUP_CHUNK + group] = handoff_buffer.order_key(first + second)
-            seconds.append(handoff_buffer.order_key(second))
+                group_keys[c * GROUP_CHUNK + group] = self._key(first + second)
+            seconds.append(self._key(second))
         cute.arch.sync_warp()
         # (key, ~group) as one 64-bit word: a higher key beats, an equal one from a lower group.
         mine = self._ranked(group_keys[lane], lane)
@@ -617,7 +608,7 @@ class LLBf16Router:
                 second = cute.arch.fmax(second, cute.arch.fmin(first, c))
                 first = cute.arch.fmax(first, c)
             first, second = self._warp_top2(first, second)
-            group_key = Uint32(cutlass.select_(lane == g, handoff_buffer.order_key(first + second), group_key))
+            group_key = Uint32(cutlass.select_(lane == g, self._key(first + second), group_key))
         kept = self._best_groups(group_key, lane, topk_group)
         for j in cutlass.range_constexpr(self.slots):
             group = cutlass.min((j * WARP + lane) // group_size, 31)
