@@ -222,18 +222,23 @@ class RouterGemm(NamedTuple):
 # and -0.24, step 35; the GEMM op's own point there); elsewhere it measured slower (steps
 # 32-33).
 # The bias prefetch is on where it measured faster with a cold bias in every run (step 34):
-# the dot products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too)
-# and M = 9..16 above 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same). The other
-# tensor-core rows were 0.05-0.18 us slower with it serialized, and back to back from 0.06
-# faster to 0.18 slower. Neither choice changes the results.
+# the dot products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too),
+# M = 9..16 above 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same), and since step
+# 40 Kimi-K2-sized N at M = 9..16 (-0.10 to -0.18 in six runs) and DeepSeek-V3-sized N at
+# M = 5..8 (-0.06 to -0.07 at M = 8 in six runs; step 41). The other tensor-core rows were
+# 0.05-0.18 us slower with it serialized, and back to back from 0.06 faster to 0.18 slower.
+# Neither choice changes the results. (What it changes is when the routing warp's polls
+# reach L2, step 41: the bias loads just before them time them.)
 ROUTER_GEMMS = (
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait", True),
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x", True),
     RouterGemm("m2_prefetch_r4_t256", 2, 2, ROUTER_N_RANGES[:1], True, "before_wait", True),
     RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "after_x", False),
-    RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[:1], False, "after_x", False),
+    RouterGemm("mma8_t2c4w8u7", 2, 4, ROUTER_N_RANGES[:1], False, "after_x", False),
+    RouterGemm("mma8_t2c4w8u7", 5, 8, ROUTER_N_RANGES[:1], False, "after_x", True),
     RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
-    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
+    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
+    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "after_x", True),
     RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", True),
 )
 # Named only, on other GEMM kernels for the M and N of a table row, so that the benchmark
@@ -246,13 +251,21 @@ ROUTER_ALTERNATIVES = (
 
 
 def _router_rows(table, automatic, suffix=""):
+    """Rows named router_<gemm>_n<n_max><suffix>, with _m<lo>_<hi> after the GEMM row where
+    ROUTER_GEMMS splits one GEMM row and N range by M."""
     return tuple(
-        RouterVariant(f"router_{row.gemm}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi, n_min, n_max,
+        RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi,
+                      n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
                       bias_prefetch=row.bias_prefetch)
         for row in table
         for n_min, n_max in row.n_ranges
     )
+
+
+def _m_range(row, n_max):
+    split = sum(1 for r in ROUTER_GEMMS for _, n in r.n_ranges if (r.gemm, n) == (row.gemm, n_max)) > 1
+    return f"_m{row.m_lo}_{row.m_hi}" if split else ""
 
 
 ROUTER_VARIANTS = (

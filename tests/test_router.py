@@ -531,13 +531,14 @@ def test_named_twin_gives_the_table_rows_result(row):
     """A named twin differs from its table row only in where the next kernel may launch or
     in the bias prefetch: the same logits, ids and weights, bit for bit."""
     table_row = table_row_of(row)
-    n = min(row.n_max, 384)
-    for m in sorted({row.m_lo, row.m_hi}):
-        x, w, bias = make_case(m, n, 7168, 8, 1, 1, "fp32", "cuda", seed=m)
-        args = (8, 1, 1, True, 2.5)
-        twin = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
-        table = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, table_row.name)
-        assert all(torch.equal(a, b) for a, b in zip(twin, table))
+    # One group, and DeepSeek-V3's grouping (8 groups of 32, 4 kept).
+    for n, n_group, topk_group in ((min(row.n_max, 384), 1, 1), (256, 8, 4)):
+        for m in sorted({row.m_lo, row.m_hi}):
+            x, w, bias = make_case(m, n, 7168, 8, n_group, topk_group, "fp32", "cuda", seed=m)
+            args = (8, n_group, topk_group, True, 2.5)
+            twin = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
+            table = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, table_row.name)
+            assert all(torch.equal(a, b) for a, b in zip(twin, table)), (n, m)
 
 
 @requires_kernel_gpu
