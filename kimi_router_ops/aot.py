@@ -106,7 +106,7 @@ def router_object(router):
 
     gemm = kernel_object(variants.variant(router.gemm), 8, trigger=router.trigger)
     return LLBf16Router(gemm, n_max=router.n_max, exclusive=router.exclusive,
-                        bias_prefetch=router.bias_prefetch, poll_delay_ns=router.poll_delay_ns)
+                        bias_prefetch=router.bias_prefetch)
 
 
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:

@@ -9,7 +9,7 @@ Adding a variant is one row here, plus the benchmark number that justifies it
 (docs/benchmarks.md).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Union
 
 INT32_MAX = 2**31 - 1
@@ -174,9 +174,6 @@ class RouterVariant:
     # the previous kernel writes). A model's per-layer bias is cold in L2 by the time the
     # routing reads it (docs/benchmarks.md, step 34).
     bias_prefetch: bool = False
-    # The routing warp sleeps this long between its bias loads and its first poll (a
-    # candidate, named rows only: docs/benchmarks.md, step 43).
-    poll_delay_ns: int = 0
 
     def __post_init__(self):
         _check_trigger(self)
@@ -282,11 +279,6 @@ ROUTER_VARIANTS = (
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
     + _router_rows(ROUTER_ALTERNATIVES, False)
-    # DeepSeek-V3's N at M = 2..4 on the tensor-core kernel, where half the routing warps
-    # poll twice (step 41), with the first poll held back.
-    + tuple(replace(r, name=f"{r.name}_poll_delay{ns}", automatic=False, poll_delay_ns=ns)
-            for r in _router_rows(ROUTER_GEMMS, True) if r.name == "router_mma8_t2c4w8u7_m2_4_n256"
-            for ns in (100, 200, 400))
 )
 
 

@@ -106,13 +106,6 @@ def _prefetch_bulk_l2(address, size, *, loc=None, ip=None):
                     loc=loc, ip=ip)
 
 
-@dsl_user_op
-def _nanosleep(ns: int, *, loc=None, ip=None):
-    """Suspend the thread for about `ns` nanoseconds (PTX allows anywhere in [0, 2 ns])."""
-    llvm.inline_asm(None, [], f"nanosleep.u32 {ns};", "", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
 def _umax(a, b):
     return Uint32(cutlass.select_(a > b, a, b))
 
@@ -153,8 +146,7 @@ def _count_above(values, mine):
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 poll_delay_ns: int = 0):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -164,7 +156,6 @@ class LLBf16Router:
         self.ctas_per_sm = gemm.ctas_per_sm
         self.exclusive = exclusive
         self.bias_prefetch = bias_prefetch
-        self.poll_delay_ns = poll_delay_ns
 
     @cute.jit
     def __call__(
@@ -326,10 +317,6 @@ class LLBf16Router:
         if has_bias != 0:
             for j in cutlass.range_constexpr(slots):
                 choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
-        if const_expr(self.poll_delay_ns > 0):
-            # A first look that leaves before the last score lands costs a second L2 round
-            # trip (docs/benchmarks.md, step 41): a candidate for rows whose polls miss.
-            _nanosleep(self.poll_delay_ns)
         for j in cutlass.range_constexpr(slots):
             scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
         # Until every score of this token has been published: reload what is not.
