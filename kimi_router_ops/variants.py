@@ -225,7 +225,7 @@ class RouterGemm(NamedTuple):
 # the dot products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too),
 # M = 9..16 above 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same), and since step
 # 40 Kimi-K2-sized N at M = 9..16 (-0.10 to -0.18 in six runs) and DeepSeek-V3-sized N at
-# M = 5..8 (-0.06 to -0.07 at M = 8 in six runs; step 41). The other tensor-core rows were
+# M = 5..8 (-0.06 to -0.07 at M = 8 in six runs; step 42). The other tensor-core rows were
 # 0.05-0.18 us slower with it serialized, and back to back from 0.06 faster to 0.18 slower.
 # Neither choice changes the results. (What it changes is when the routing warp's polls
 # reach L2, step 41: the bias loads just before them time them.)
