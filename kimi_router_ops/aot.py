@@ -49,7 +49,7 @@ def fake_arguments(vec: int, out_dtype: str):
 
 
 def fake_router_arguments(bias_dtype: str):
-    """Fake x, w, bias [1, N], logits [M, N], weights and ids [M, top_k], handoff [M, row] and
+    """Fake x, w, bias [1, N], logits [M, N], weights and ids [M, top_k], handoff [M, N] and
     the routing scalars: all sizes and row strides are run-time values."""
     import cutlass
     import cutlass.cute as cute
@@ -64,7 +64,7 @@ def fake_router_arguments(bias_dtype: str):
 
     bias = fake(bias_type, (cute.sym_int32(symbol="ONE"), n))
     weights, ids = fake(cutlass.Float32, (m, top_k)), fake(cutlass.Int32, (m, top_k))
-    handoff = fake(cutlass.Int32, (m, cute.sym_int32(symbol="HANDOFF_ROW")))
+    handoff = fake(cutlass.Int32, (m, n))
     scalars = [cutlass.Int32(1)] * 5 + [cutlass.Float32(1.0)]
     return [x, w, bias, logits, weights, ids, handoff, *scalars]
 
@@ -106,8 +106,7 @@ def router_object(router):
 
     gemm = kernel_object(variants.variant(router.gemm), 8, trigger=router.trigger)
     return LLBf16Router(gemm, n_max=router.n_max, exclusive=router.exclusive,
-                        bias_prefetch=router.bias_prefetch, tile_top2=router.tile_top2,
-                        compact=router.compact)
+                        bias_prefetch=router.bias_prefetch)
 
 
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:

@@ -174,12 +174,6 @@ class RouterVariant:
     # the previous kernel writes). A model's per-layer bias is cold in L2 by the time the
     # routing reads it (docs/benchmarks.md, step 34).
     bias_prefetch: bool = False
-    # Groups of 32 experts (DeepSeek-V3) scored from pairs the tensor-core GEMM's finishing
-    # warps publish: each tile's two best choice values a token (kernels/handoff.py), so
-    # the routing warp merges at most two pairs a group instead of ranking 32 values.
-    tile_top2: bool = False
-    # The ranking's candidates gathered from a bit mask a lane (kernels/ll_bf16_router.py).
-    compact: bool = False
 
     def __post_init__(self):
         _check_trigger(self)
@@ -201,8 +195,6 @@ class RouterGemm(NamedTuple):
     exclusive: bool
     trigger: str
     bias_prefetch: bool
-    tile_top2: bool = False
-    compact: bool = False
 
 
 # Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N, or one
@@ -265,7 +257,7 @@ def _router_rows(table, automatic, suffix=""):
         RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi,
                       n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
-                      bias_prefetch=row.bias_prefetch, tile_top2=row.tile_top2, compact=row.compact)
+                      bias_prefetch=row.bias_prefetch)
         for row in table
         for n_min, n_max in row.n_ranges
     )
@@ -275,8 +267,6 @@ def _m_range(row, n_max):
     split = sum(1 for r in ROUTER_GEMMS for _, n in r.n_ranges if (r.gemm, n) == (row.gemm, n_max)) > 1
     return f"_m{row.m_lo}_{row.m_hi}" if split else ""
 
-
-_V3_MMA_ROWS = [row for row in ROUTER_GEMMS if row.gemm.startswith("mma") and ROUTER_N_RANGES[0] in row.n_ranges]
 
 ROUTER_VARIANTS = (
     _router_rows(ROUTER_GEMMS, True)
@@ -289,17 +279,6 @@ ROUTER_VARIANTS = (
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
     + _router_rows(ROUTER_ALTERNATIVES, False)
-    # Candidates: DeepSeek-V3's tensor-core rows with tile pairs, with either bias choice.
-    + _router_rows([row._replace(tile_top2=True, n_ranges=ROUTER_N_RANGES[:1]) for row in _V3_MMA_ROWS],
-                   False, "_tile_top2")
-    + _router_rows([row._replace(tile_top2=True, n_ranges=ROUTER_N_RANGES[:1], bias_prefetch=True)
-                    for row in _V3_MMA_ROWS if not row.bias_prefetch], False, "_tile_top2_bias_prefetch")
-    + _router_rows([row._replace(tile_top2=True, n_ranges=ROUTER_N_RANGES[:1], bias_prefetch=False)
-                    for row in _V3_MMA_ROWS if row.bias_prefetch], False, "_tile_top2_no_bias_prefetch")
-    # Candidates: every row with the compact candidate gathering, and DeepSeek-V3's with both.
-    + _router_rows([row._replace(compact=True) for row in ROUTER_GEMMS], False, "_compact")
-    + _router_rows([row._replace(tile_top2=True, n_ranges=ROUTER_N_RANGES[:1], compact=True) for row in _V3_MMA_ROWS],
-                   False, "_tile_top2_compact")
 )
 
 

@@ -63,12 +63,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> route_on_gpu(
   const CompiledRouterKernel& kernel = find_router_kernel(*row, bias.scalar_type(), sm);
   ensure_loaded(kCompiledRouterKernels, device);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(device);
-  const int64_t row_words = handoff_row_words(N);
   RouterArgs args{
       matrix_arg(x), matrix_arg(w), matrix_arg(bias.narrow(0, 0, 1)), matrix_arg(logits),
       matrix_arg(weights), matrix_arg(ids),
-      TensorArg{router_handoff(device, stream, M * row_words), {int32_t(M), int32_t(row_words)},
-                {row_words}},
+      TensorArg{router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}},
       int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
       bias_in.has_value() ? 1 : 0, static_cast<float>(routed_scaling_factor)};
   const int32_t err = kernel.launch(&args, stream);

@@ -14,8 +14,8 @@ namespace kimi {
 namespace {
 
 constexpr size_t kChunkBytes = size_t(1) << 20;
-// A per-stream buffer holds the largest handoff any fused router row serves.
-constexpr int64_t kStreamWords = int64_t(kRouterMaxM) * handoff_row_words(kRouterMaxN);
+// A per-stream buffer holds the largest M * N any fused router row serves.
+constexpr int64_t kStreamWords = int64_t(kRouterMaxM) * kRouterMaxN;
 
 // Every byte all ones: every word is kernels/handoff.py's EMPTY.
 constexpr int kEmptyByte = 0xFF;

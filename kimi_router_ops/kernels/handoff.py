@@ -1,8 +1,7 @@
 """The fused router's handoff buffer: logits published by every CTA, polled by the router CTA.
 
-A handoff buffer is an int32 [M, row_words(N)] view of a workspace that holds EMPTY in
-every word between calls: each token's N scores, then room for one 64-bit pair word per tile
-of 16 experts (tile_top2 rows: a publishing warp's two best choice values of its tile). The GEMM body publishes each logit's sigmoid score there with a relaxed gpu-scope
+A handoff buffer is an int32 [M, N] view of a workspace that holds EMPTY in every word
+between calls. The GEMM body publishes each logit's sigmoid score there with a relaxed gpu-scope
 store as well as writing it to the logits output; the routing CTA polls the words it needs
 with relaxed gpu-scope loads (they bypass L1) until none is EMPTY, routes, and writes EMPTY
 back. A logit and its "ready" flag are the same 32-bit word, so no fence or counter is
@@ -12,22 +11,12 @@ three of a release fence, an atomic and an acquire.
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32
 
 # All bits set: a NaN that floating-point arithmetic never produces (a NaN result is the
 # canonical 0x7FFFFFFF), and publish() maps it to that anyway, so EMPTY means "not yet".
 EMPTY = -1
 CANONICAL_NAN = 0x7FFFFFFF
-PAIR_TILE = 16  # the smallest tile a pair word covers; csrc/cuda/router_handoff.h sizes rows
-
-
-def pair_column(n):
-    """The first pair word's column: after the N scores, 8-byte aligned."""
-    return (n + 1) // 2 * 2
-
-
-def row_words(n: int) -> int:
-    return pair_column(n) + 2 * ((n + PAIR_TILE - 1) // PAIR_TILE)
 
 
 @cute.jit
@@ -48,36 +37,11 @@ def publish(handoff: cute.Tensor, m, n, logit: Float32):
     """Publish the expert's sigmoid score, not its logit: the GEMM's output threads compute
     it side by side, where the routing warp would compute 8-28 of them one after another
     (two MUFU ops each)."""
-    cute.arch.store(element_ptr(handoff, m, n), score_bits(logit), sem="relaxed", scope="gpu")
+    bits = sigmoid(logit).bitcast(Int32)
+    bits = Int32(cutlass.select_(bits == Int32(EMPTY), Int32(CANONICAL_NAN), bits))
+    cute.arch.store(element_ptr(handoff, m, n), bits, sem="relaxed", scope="gpu")
 
 
 @cute.jit
 def poll(handoff: cute.Tensor, m, n) -> Int32:
     return cute.arch.load(element_ptr(handoff, m, n), Int32, sem="relaxed", scope="gpu")
-
-
-@cute.jit
-def score_bits(logit: Float32) -> Int32:
-    """The bits publish() stores for a logit: its sigmoid score, never EMPTY."""
-    bits = sigmoid(logit).bitcast(Int32)
-    return Int32(cutlass.select_(bits == Int32(EMPTY), Int32(CANONICAL_NAN), bits))
-
-
-@cute.jit
-def pair_ptr(handoff: cute.Tensor, m, n_count, tile):
-    return cute.recast_ptr(element_ptr(handoff, m, pair_column(n_count) + 2 * tile), dtype=Int64)
-
-
-@cute.jit
-def publish_pair(handoff: cute.Tensor, m, n_count, tile, first: Float32, second: Float32):
-    """One 64-bit word, (second, first): an aligned 8-byte store is seen whole or not at all,
-    and neither half is ever EMPTY, so the word is its own ready flag too."""
-    lo = Int32(cutlass.select_(first.bitcast(Int32) == Int32(EMPTY), Int32(CANONICAL_NAN), first.bitcast(Int32)))
-    hi = Int32(cutlass.select_(second.bitcast(Int32) == Int32(EMPTY), Int32(CANONICAL_NAN), second.bitcast(Int32)))
-    word = (Int64(hi) << 32) | Int64(lo.bitcast(Uint32))
-    cute.arch.store(pair_ptr(handoff, m, n_count, tile), word, sem="relaxed", scope="gpu")
-
-
-@cute.jit
-def poll_pair(handoff: cute.Tensor, m, n_count, tile) -> Int64:
-    return cute.arch.load(pair_ptr(handoff, m, n_count, tile), Int64, sem="relaxed", scope="gpu")

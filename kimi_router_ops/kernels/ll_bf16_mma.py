@@ -36,7 +36,6 @@ from variants import TRIGGERS  # aot.py imports kernels/ beside variants
 from . import handoff as handoff_buffer
 
 TILE_E = 16  # experts per MMA (its M)
-WARP = 32
 TILE_T = 8  # tokens per MMA (its N)
 CHUNK_VECS = 4  # 16-byte vectors per lane group and chunk: a chunk is 32 elements of K
 
@@ -84,7 +83,8 @@ class LLBf16Mma:
         self.trigger = trigger
 
     def smem_bytes(self) -> int:
-        return self.cluster_k * self.warps * self.finishing_share() * 4
+        share = (self.outputs + self.cluster_k - 1) // self.cluster_k
+        return self.cluster_k * self.warps * share * 4
 
     @cute.jit
     def __call__(
@@ -164,24 +164,10 @@ class LLBf16Mma:
     def kernel(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
         self.body(xv, wv, out)
 
-    def finishing_share(self) -> int:
-        """Outputs each CTA of a cluster finishes (sums and stores), one a thread."""
-        return (self.outputs + self.cluster_k - 1) // self.cluster_k
-
-    def can_publish_tile_top2(self) -> bool:
-        """Whether each finishing warp holds whole tiles of one token, so that it can take
-        a tile's two best by shuffles (body's `bias`)."""
-        share = self.finishing_share()
-        return WARP % self.experts == 0 and share % WARP == 0 and self.threads % WARP == 0
-
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None,
-             bias=None, has_bias=None, tile_top2=None):
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
-        handoff buffer, kernels/handoff.py, to publish every logit in as well). With a
-        `bias` ([1, N]), where `tile_top2` is nonzero, each finishing warp also publishes
-        the two best choice values (score + bias) of each of its tiles for each token: the
-        routing warp then scores groups of whole tiles from those pairs."""
+        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks
@@ -216,20 +202,6 @@ class LLBf16Mma:
             for i in range(tiles * 2)
         ]
         x_rows = [cutlass.min(TILE_T * b + g, m_count - 1) for b in range(token_blocks)]
-
-        share = self.finishing_share()
-        finishing_steps: cutlass.Constexpr = (share + threads - 1) // threads
-        pair_bias = cute.make_rmem_tensor((finishing_steps,), Float32)
-        if const_expr(bias is not None):
-            # The bias of each expert this thread finishes, loaded now: it is a parameter,
-            # like the weights, and its load has the whole GEMM to arrive.
-            pair_bias.fill(0.0)
-            if (tile_top2 != 0) & (has_bias != 0):
-                for p in cutlass.range_constexpr(finishing_steps):
-                    idx = rank * share + p * threads + tidx
-                    token = idx // experts
-                    expert = cutlass.min(expert_first + idx - token * experts, n_count - 1)
-                    pair_bias[p] = bias[0, expert].to(Float32)
 
         w_regs = cute.make_rmem_tensor((8, unroll, tiles * 2), BFloat16)
         x_regs = cute.make_rmem_tensor((8, unroll, token_blocks), BFloat16)
@@ -281,6 +253,7 @@ class LLBf16Mma:
         # (rank, warp) of the finishing CTA's mailbox; after one barrier each CTA adds its
         # slots in slot order (a fixed order) and writes out. No one reads remote memory, so
         # no second barrier is needed before exit.
+        share = (outputs + cluster_k - 1) // cluster_k
         slots = cluster_k * warps
         smem = cutlass.utils.SmemAllocator()
         mailbox = smem.allocate_tensor(
@@ -307,7 +280,7 @@ class LLBf16Mma:
             # Release our stores into the peers' mailboxes, acquire theirs into ours.
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
-        for p in cutlass.range_constexpr(finishing_steps):
+        for p in cutlass.range_constexpr((share + threads - 1) // threads):
             pos = p * threads + tidx
             idx = rank * share + pos
             if pos < share and idx < outputs:
@@ -315,33 +288,6 @@ class LLBf16Mma:
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
                 self._store(out, handoff, idx, total, expert_first, m_count, n_count)
-                if const_expr(bias is not None):
-                    if tile_top2 != 0:
-                        self._publish_tile_top2(handoff, idx, total, pair_bias[p], expert_first,
-                                                m_count, n_count)
-
-    @cute.jit
-    def _publish_tile_top2(self, handoff, idx, total, bias, expert_first, m_count, n_count):
-        """The two best choice values of this thread's tile and token, by a butterfly over
-        the tile's lanes (whole tiles a warp: can_publish_tile_top2), published by its first
-        lane. The values are the routing warp's own, bit for bit: the published score plus
-        the bias in fp32, so the group scores it makes from them are those it would make."""
-        experts = self.experts
-        token = idx // experts
-        local = idx - token * experts
-        expert = expert_first + local
-        score = handoff_buffer.score_bits(total).bitcast(Float32)
-        first = Float32(cutlass.select_(expert < n_count, score + bias, Float32(-float("inf"))))
-        second = Float32(-float("inf"))
-        for step in cutlass.range_constexpr(experts.bit_length() - 1):
-            offset = experts >> (step + 1)
-            other_first = cute.arch.shuffle_sync_bfly(first, offset)
-            other_second = cute.arch.shuffle_sync_bfly(second, offset)
-            second = cute.arch.fmax(cute.arch.fmin(first, other_first),
-                                    cute.arch.fmax(second, other_second))
-            first = cute.arch.fmax(first, other_first)
-        if (local == 0) & (token < m_count):
-            handoff_buffer.publish_pair(handoff, token, n_count, expert // experts, first, second)
 
     @cute.jit
     def _store(self, out, handoff, idx, total, expert_first, m_count, n_count):

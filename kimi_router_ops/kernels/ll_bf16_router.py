@@ -146,12 +146,9 @@ def _count_above(values, mine):
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 tile_top2: bool = False, compact: bool = False):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
-        if tile_top2 and not getattr(gemm, "can_publish_tile_top2", lambda: False)():
-            raise ValueError("tile_top2 needs a tensor-core GEMM whose finishing warps hold whole tiles")
         self.gemm = gemm
         self.n_max = n_max
         self.slots = (n_max + WARP - 1) // WARP  # choice values per lane
@@ -159,15 +156,6 @@ class LLBf16Router:
         self.ctas_per_sm = gemm.ctas_per_sm
         self.exclusive = exclusive
         self.bias_prefetch = bias_prefetch
-        # Groups of 32 experts scored from the publishers' tile pairs (kernels/handoff.py):
-        # tiles of `tile` experts, 32 // tile pairs a group.
-        self.tile_top2 = tile_top2
-        self.tile = gemm.experts if tile_top2 else WARP
-        # Candidates gathered from each lane's bit mask of them, its keys and scores read
-        # back from shared memory rows (16-byte aligned: lane_row words), instead of a
-        # predicated pair of stores for every slot.
-        self.compact = compact
-        self.lane_row = (self.slots + 3) // 4 * 4
 
     @cute.jit
     def __call__(
@@ -178,7 +166,7 @@ class LLBf16Router:
         logits: cute.Tensor,  # [M, N] float32, out
         weights: cute.Tensor,  # [M, top_k] float32, out
         ids: cute.Tensor,  # [M, top_k] int32, out
-        handoff: cute.Tensor,  # [M, handoff.row_words(N)] int32, EMPTY before and after
+        handoff: cute.Tensor,  # [M, N] int32, EMPTY before the call and after it
         top_k: Int32,
         n_group: Int32,
         topk_group: Int32,
@@ -191,8 +179,6 @@ class LLBf16Router:
         shape = self.gemm.launch_shape(w.shape[0])
         # The routing's scratch, after the GEMM's own shared memory.
         shape["smem"] += 4 * SCRATCH_ROWS * WARP * self.warps + 16
-        if const_expr(self.compact):
-            shape["smem"] += 4 * 2 * self.lane_row * WARP * self.warps + 16
         # As many CTAs per SM as the GEMM kernel alone gets: the routing's registers must not
         # lower the GEMM's occupancy (with 32 experts a lane they would halve the dot
         # product's, and Kimi-K3's 224 CTAs would run in two waves). Unless exclusive: then
@@ -227,24 +213,14 @@ class LLBf16Router:
         has_bias: Int32,
         scaling: Float32,
     ):
-        n_count = logits.shape[1]
         if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
-        # Pairs where the routing takes groups of exactly 32 experts (_mask_slot_groups).
-        pairs_on = Int32(cutlass.select_((topk_group < n_group) & (n_count == n_group * WARP),
-                                         Int32(1), Int32(0)))
-        if const_expr(self.tile_top2):
-            self.gemm.body(xv, wv, logits, handoff, bias, has_bias, pairs_on)
-        else:
-            self.gemm.body(xv, wv, logits, handoff)
+        self.gemm.body(xv, wv, logits, handoff)
         smem = cutlass.utils.SmemAllocator()
         scratch = smem.allocate_tensor(Uint32, cute.make_layout((WARP, SCRATCH_ROWS, self.warps)), 16)
-        lane_rows = None
-        if const_expr(self.compact):
-            lane_rows = smem.allocate_tensor(Uint32, cute.make_layout((self.lane_row, WARP, 2, self.warps)), 16)
-        self._route(handoff, n_count, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                    has_bias, scaling, scratch, pairs_on, lane_rows)
+        self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+                    has_bias, scaling, scratch)
 
     @cute.jit
     def _routing_unit(self):
@@ -276,8 +252,8 @@ class LLBf16Router:
                 _prefetch_bulk_l2(first, Int32(last - first))
 
     @cute.jit
-    def _route(self, handoff, n_count, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-               has_bias, scaling, scratch, pairs_on, lane_rows):
+    def _route(self, handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+               has_bias, scaling, scratch):
         """Route this warp's tokens. Token m goes to warp m // ctas of the m % ctas-th CTA
         from the end: one warp per token and SM while M <= CTAs (each has a scheduler to
         itself). From the end, because a routing warp waits for the other CTAs: CTAs start
@@ -288,17 +264,17 @@ class LLBf16Router:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         unit, ctas = self._routing_unit()
         m_count = handoff.shape[0]
+        n_count = handoff.shape[1]
         scores = cute.make_rmem_tensor((slots,), Float32)
-        pair = cute.make_rmem_tensor((1,), Int64)  # this lane's tile pair (tile_top2)
         choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
         keys = cute.make_rmem_tensor((slots,), Uint32)
         for m in cutlass.range(unit, m_count, ctas * self.warps, unroll=1):
             # All experts present (every real router's N): no clamped indices, so each load
             # and store is one instruction at an immediate offset from the lane's address.
             if n_count == slots * WARP:
-                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, pair, pairs_on, True)
+                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, True)
             else:
-                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, pair, pairs_on, False)
+                self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, False)
             for j in cutlass.range_constexpr(slots):
                 c = scores[j] + choice[j]
                 choice[j] = c
@@ -308,19 +284,12 @@ class LLBf16Router:
             bound = Uint32(0)  # a key that at least top_k experts reach, if known; 0: not
             if topk_group < n_group:
                 if n_count == n_group * WARP:
-                    if const_expr(self.tile_top2):
-                        bound = self._mask_paired_groups(pair, keys, lane, top_k, n_group, topk_group)
-                    else:
-                        bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
-                                                       scratch[None, None, warp])
+                    bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
+                                                   scratch[None, None, warp])
                 else:
                     self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
 
-            my_lane_rows = None
-            if const_expr(self.compact):
-                my_lane_rows = lane_rows[None, lane, None, warp]
-            my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch[None, None, warp],
-                                             my_lane_rows)
+            my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch[None, None, warp])
             scale = scaling
             if renormalize != 0:
                 # Lanes past top_k hold 0: the sum of all 32, as a tree, is the picks' sum.
@@ -335,7 +304,7 @@ class LLBf16Router:
                 ids[m, lane] = my_id
 
     @cute.jit
-    def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice, pair, pairs_on,
+    def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice,
                 exact: cutlass.Constexpr):
         """This token's scores (polled until all are published, then emptied again) and
         biases. With `exact` every lane's experts all exist; otherwise indices are clamped
@@ -350,20 +319,11 @@ class LLBf16Router:
                 choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
         for j in cutlass.range_constexpr(slots):
             scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
-        # With tile pairs: lane i polls tile i's (lanes past the tiles hold a stand-in).
-        has_pair = (pairs_on != 0) & (lane < n_count // self.tile)
-        pair[0] = Int64(0)
-        if const_expr(self.tile_top2):
-            if has_pair:
-                pair[0] = handoff_buffer.poll_pair(handoff, m, n_count, lane)
         # Until every score of this token has been published: reload what is not.
-        while cute.arch.vote_any_sync(self._pending(scores, pair)):
+        while cute.arch.vote_any_sync(self._pending(scores)):
             for j in cutlass.range_constexpr(slots):
                 if scores[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY):
                     scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
-            if const_expr(self.tile_top2):
-                if pair[0] == Int64(handoff_buffer.EMPTY):
-                    pair[0] = handoff_buffer.poll_pair(handoff, m, n_count, lane)
         # Empty again for the next call (which polls only after its PDL wait, when this
         # grid has finished and its stores are visible).
         for j in cutlass.range_constexpr(slots):
@@ -372,9 +332,6 @@ class LLBf16Router:
             else:
                 if j * WARP + lane < n_count:
                     handoff[m, j * WARP + lane] = Int32(handoff_buffer.EMPTY)
-        if const_expr(self.tile_top2):
-            if has_pair:
-                cute.arch.store(handoff_buffer.pair_ptr(handoff, m, n_count, lane), Int64(handoff_buffer.EMPTY))
 
     @cute.jit
     def _expert(self, j, lane, n_count, exact: cutlass.Constexpr):
@@ -405,16 +362,14 @@ class LLBf16Router:
         return (key.bitcast(Int32) ^ flip).bitcast(Float32)
 
     @cute.jit
-    def _pending(self, values, pair) -> cutlass.Boolean:
+    def _pending(self, values) -> cutlass.Boolean:
         pending = values[0].bitcast(Int32) == Int32(handoff_buffer.EMPTY)
         for j in cutlass.range_constexpr(1, self.slots):
             pending = pending | (values[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY))
-        if const_expr(self.tile_top2):
-            pending = pending | (pair[0] == Int64(handoff_buffer.EMPTY))
         return pending
 
     @cute.jit
-    def _rank_select(self, keys, scores, lane, top_k, bound, scratch, lane_rows):
+    def _rank_select(self, keys, scores, lane, top_k, bound, scratch):
         """The warp's top_k largest keys, largest first, ties to the lower expert id, by
         ranking a short list of candidates instead of picking one after another. Lane i
         returns the i-th expert id and its score.
@@ -436,11 +391,6 @@ class LLBf16Router:
         pick_id = scratch[None, 4]
         pick_score = scratch[None, 5]
         cute.arch.sync_warp()  # the previous token's reads of the scratch are done
-        if const_expr(self.compact):
-            # This lane's keys and scores, read back only by this lane (no sync needed).
-            for j in cutlass.range_constexpr(slots):
-                lane_rows[j, 0] = keys[j]
-                lane_rows[j, 1] = scores[j].bitcast(Uint32)
         lane_max = _tree([keys[j] for j in range(slots)], _umax)
         # The maxima compared as floats, where one `set` a lane gives 1.0 or 0.0 (keys and
         # floats order alike: choice values are never -0.0, and NaNs only undercount, which
@@ -461,13 +411,7 @@ class LLBf16Router:
         # Each lane's candidates go after those of the lanes below it: an exclusive prefix
         # sum of the lanes' counts, one ballot per bit of the count.
         is_candidate = [keys[j] >= t for j in range(slots)]
-        mask = Uint32(0)  # compact: bit j for a candidate in slot j
-        if const_expr(self.compact):
-            mask = _tree([Uint32(cutlass.select_(is_candidate[j], Uint32(1 << j), Uint32(0))) for j in range(slots)],
-                         lambda a, b: a | b)
-            mine_count = Int32(cute.arch.popc(mask))
-        else:
-            mine_count = _count(is_candidate)
+        mine_count = _count(is_candidate)
         below = cute.arch.lanemask_lt()
         pos = Int32(0)
         count = Int32(0)
@@ -475,25 +419,12 @@ class LLBf16Router:
             bits = cute.arch.vote_ballot_sync(((mine_count >> b) & 1) != 0)
             pos = pos + (cute.arch.popc(bits & below) << b)
             count = count + (cute.arch.popc(bits) << b)
-        if const_expr(not self.compact):
-            for j in cutlass.range_constexpr(slots):
-                if is_candidate[j] & (pos < WARP):
-                    cand[pos] = self._ranked(keys[j], j * WARP + lane)
-                    cand_score[pos] = scores[j].bitcast(Uint32)
-                pos = pos + Int32(cutlass.select_(is_candidate[j], Int32(1), Int32(0)))
+        for j in cutlass.range_constexpr(slots):
+            if is_candidate[j] & (pos < WARP):
+                cand[pos] = self._ranked(keys[j], j * WARP + lane)
+                cand_score[pos] = scores[j].bitcast(Uint32)
+            pos = pos + Int32(cutlass.select_(is_candidate[j], Int32(1), Int32(0)))
         my_id, my_score = Int32(0), Float32(0.0)
-        if const_expr(self.compact):
-            if count <= WARP:
-                # A lane has a few candidates (about top_k / 32 each): one round per candidate
-                # of the lane with the most, its slot the mask's lowest bit.
-                while cute.arch.vote_any_sync(mask != Uint32(0)):
-                    has = mask != Uint32(0)
-                    j = cutlass.min(Int32(cute.arch.popc((mask & (Uint32(0) - mask)) - Uint32(1))), Int32(slots - 1))
-                    if has:
-                        cand[pos] = self._ranked(lane_rows[j, 0], j * WARP + lane)
-                        cand_score[pos] = lane_rows[j, 1]
-                    pos = pos + Int32(cutlass.select_(has, Int32(1), Int32(0)))
-                    mask = mask & (mask - Uint32(1))
         if count <= WARP:
             cute.arch.sync_warp()
             mine = cand[lane]
@@ -646,36 +577,6 @@ class LLBf16Router:
             mine_kept = (quarter == 0) & (g < n_group) & (((kept >> g) & 1) != 0)
             least = Uint32(cutlass.select_(mine_kept & (seconds[c] < least), seconds[c], least))
         least = Uint32(cute.arch.warp_redux_sync(least, "umin"))
-        return Uint32(cutlass.select_(top_k <= 2 * topk_group, least, Uint32(0)))
-
-    @cute.jit
-    def _mask_paired_groups(self, pair, keys, lane, top_k, n_group, topk_group) -> Uint32:
-        """_mask_slot_groups from the publishers' tile pairs (lane i polled tile i's two
-        best choice values): the pairs of a group merge by shuffles, lane g takes group g's,
-        and the rest is as there (the same keys, kept groups and bound, bit for bit)."""
-        per_group: cutlass.Constexpr = WARP // self.tile
-        first = Uint32(pair[0] & Int64(0xFFFFFFFF)).bitcast(Float32)
-        second = Uint32(pair[0] >> 32).bitcast(Float32)
-        for step in cutlass.range_constexpr(per_group.bit_length() - 1):
-            other_first = cute.arch.shuffle_sync_bfly(first, 1 << step)
-            other_second = cute.arch.shuffle_sync_bfly(second, 1 << step)
-            second = cute.arch.fmax(cute.arch.fmin(first, other_first),
-                                    cute.arch.fmax(second, other_second))
-            first = cute.arch.fmax(first, other_first)
-        if const_expr(per_group > 1):
-            first = cute.arch.shuffle_sync(first, lane * per_group)
-            second = cute.arch.shuffle_sync(second, lane * per_group)
-        is_group = lane < n_group
-        group_key = Uint32(cutlass.select_(is_group, self._key(first + second), Uint32(0)))
-        mine = self._ranked(group_key, lane)
-        beaten_by = _count_above([self._ranked(cute.arch.shuffle_sync(group_key, i), Int32(i))
-                                  for i in range(self.slots)], mine)
-        kept = cute.arch.vote_ballot_sync((beaten_by < topk_group) & is_group)
-        for j in cutlass.range_constexpr(self.slots):
-            keys[j] = Uint32(cutlass.select_(((kept >> j) & 1) != 0, keys[j], Uint32(0)))
-        mine_kept = is_group & (((kept >> lane) & 1) != 0)
-        least = Uint32(cute.arch.warp_redux_sync(
-            Uint32(cutlass.select_(mine_kept, self._key(second), Uint32(0xFFFFFFFF))), "umin"))
         return Uint32(cutlass.select_(top_k <= 2 * topk_group, least, Uint32(0)))
 
     @cute.jit
