@@ -174,6 +174,9 @@ class RouterVariant:
     # the previous kernel writes). A model's per-layer bias is cold in L2 by the time the
     # routing reads it (docs/benchmarks.md, step 34).
     bias_prefetch: bool = False
+    # Tensor-core rows: each token routed by a warp of the last cluster's CTA that publishes
+    # it, not by the m-th CTA from the end (kernels/ll_bf16_router.py, _routing_unit).
+    at_publisher: bool = False
 
     def __post_init__(self):
         _check_trigger(self)
@@ -195,6 +198,7 @@ class RouterGemm(NamedTuple):
     exclusive: bool
     trigger: str
     bias_prefetch: bool
+    at_publisher: bool = False
 
 
 # Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N, or one
@@ -257,7 +261,7 @@ def _router_rows(table, automatic, suffix=""):
         RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi,
                       n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
-                      bias_prefetch=row.bias_prefetch)
+                      bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher)
         for row in table
         for n_min, n_max in row.n_ranges
     )
@@ -266,6 +270,10 @@ def _router_rows(table, automatic, suffix=""):
 def _m_range(row, n_max):
     split = sum(1 for r in ROUTER_GEMMS for _, n in r.n_ranges if (r.gemm, n) == (row.gemm, n_max)) > 1
     return f"_m{row.m_lo}_{row.m_hi}" if split else ""
+
+
+def _MODEL_N_RANGES(row):
+    return tuple(r for r in row.n_ranges if r != ROUTER_N_RANGES[-1])
 
 
 ROUTER_VARIANTS = (
@@ -279,6 +287,11 @@ ROUTER_VARIANTS = (
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
     + _router_rows(ROUTER_ALTERNATIVES, False)
+    # Candidates: routing at the publisher, and the earlier trigger point on every row.
+    + _router_rows([row._replace(at_publisher=True, n_ranges=_MODEL_N_RANGES(row)) for row in ROUTER_GEMMS
+                    if row.gemm.startswith("mma")], False, "_at_publisher")
+    + _router_rows([row._replace(trigger="before_wait", n_ranges=_MODEL_N_RANGES(row)) for row in ROUTER_GEMMS
+                    if row.trigger == "after_x"], False, "_before_wait")
 )
 
 

@@ -517,7 +517,8 @@ def test_every_named_router_row_is_a_twin_or_an_alternative_of_a_table_row():
         if is_twin(row):
             table_row = table_row_of(row)
             assert table_row is not None, row.name
-            assert (table_row.trigger, table_row.bias_prefetch) != (row.trigger, row.bias_prefetch), row.name
+            assert ((table_row.trigger, table_row.bias_prefetch, table_row.at_publisher)
+                    != (row.trigger, row.bias_prefetch, row.at_publisher)), row.name
         elif not row.automatic:
             # An alternative: the table serves its M and N with another GEMM kernel.
             current = [r for r in variants.ROUTER_VARIANTS if r.automatic
@@ -528,8 +529,9 @@ def test_every_named_router_row_is_a_twin_or_an_alternative_of_a_table_row():
 @requires_kernel_gpu
 @pytest.mark.parametrize("row", [r for r in variants.ROUTER_VARIANTS if is_twin(r)], ids=lambda r: r.name)
 def test_named_twin_gives_the_table_rows_result(row):
-    """A named twin differs from its table row only in where the next kernel may launch or
-    in the bias prefetch: the same logits, ids and weights, bit for bit."""
+    """A named twin differs from its table row only in where the next kernel may launch, in
+    the bias prefetch or in which warps route: the same logits, ids and weights, bit for
+    bit."""
     table_row = table_row_of(row)
     # One group, and DeepSeek-V3's grouping (8 groups of 32, 4 kept).
     for n, n_group, topk_group in ((min(row.n_max, 384), 1, 1), (256, 8, 4)):

@@ -146,7 +146,8 @@ def _count_above(values, mine):
 class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
-    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False):
+    def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
+                 at_publisher: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -156,6 +157,14 @@ class LLBf16Router:
         self.ctas_per_sm = gemm.ctas_per_sm
         self.exclusive = exclusive
         self.bias_prefetch = bias_prefetch
+        # Token m routed in the CTA of the last cluster that publishes it, by its warp
+        # m % tokens_per_rank (tensor-core GEMMs only: _routing_unit).
+        self.at_publisher = at_publisher
+        if at_publisher:
+            share = (gemm.outputs + gemm.cluster_k - 1) // gemm.cluster_k
+            if not hasattr(gemm, "cluster_k") or share % gemm.experts or share // gemm.experts > self.warps:
+                raise ValueError("at_publisher needs a tensor-core GEMM whose ranks finish whole tokens")
+            self.tokens_per_rank = share // gemm.experts
 
     @cute.jit
     def __call__(
@@ -217,6 +226,10 @@ class LLBf16Router:
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
         self.gemm.body(xv, wv, logits, handoff)
+        if const_expr(self.at_publisher and self.gemm.experts < WARP):
+            # A warp finishes more than one token: the others' routing warps poll only once
+            # it has published them.
+            cute.arch.sync_threads()
         smem = cutlass.utils.SmemAllocator()
         scratch = smem.allocate_tensor(Uint32, cute.make_layout((WARP, SCRATCH_ROWS, self.warps)), 16)
         self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
@@ -230,7 +243,16 @@ class LLBf16Router:
         bx, by, bz = cute.arch.block_idx()
         gx, gy, gz = cute.arch.grid_dim()
         ctas = gx * gy * gz
-        return warp * ctas + (ctas - 1 - (bx + gx * (by + gy * bz))), ctas
+        unit = warp * ctas + (ctas - 1 - (bx + gx * (by + gy * bz)))
+        stride = ctas * self.warps
+        if const_expr(self.at_publisher):
+            # Rank bx of the last cluster (by) publishes tokens [bx, bx + 1) * tokens_per_rank,
+            # and so knows when they are ready: its polls leave in step with its own stores
+            # (a rank with nothing to publish polled too soon: docs/benchmarks.md, step 45).
+            mine = (by == gy - 1) & (warp < self.tokens_per_rank)
+            unit = Int32(cutlass.select_(mine, bx * self.tokens_per_rank + warp, Int32(2**31 - 1)))
+            stride = gx * self.tokens_per_rank  # the bucket's tokens: one each
+        return unit, stride
 
     @cute.jit
     def _prefetch_bias(self, bias, m_count):
@@ -262,13 +284,13 @@ class LLBf16Router:
         slots: cutlass.Constexpr = self.slots
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        unit, ctas = self._routing_unit()
+        unit, stride = self._routing_unit()
         m_count = handoff.shape[0]
         n_count = handoff.shape[1]
         scores = cute.make_rmem_tensor((slots,), Float32)
         choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
         keys = cute.make_rmem_tensor((slots,), Uint32)
-        for m in cutlass.range(unit, m_count, ctas * self.warps, unroll=1):
+        for m in cutlass.range(unit, m_count, stride, unroll=1):
             # All experts present (every real router's N): no clamped indices, so each load
             # and store is one instruction at an immediate offset from the lane's address.
             if n_count == slots * WARP:
