@@ -292,6 +292,14 @@ ROUTER_VARIANTS = (
                     if row.gemm.startswith("mma")], False, "_at_publisher")
     + _router_rows([row._replace(trigger="before_wait", n_ranges=_MODEL_N_RANGES(row)) for row in ROUTER_GEMMS
                     if row.trigger == "after_x"], False, "_before_wait")
+    + _router_rows([ROUTER_GEMMS[i]._replace(trigger="before_wait", at_publisher=True, n_ranges=_MODEL_N_RANGES(ROUTER_GEMMS[i]))
+                    for i in (3, 4, 8)], False, "_before_wait_at_publisher")
+    + _router_rows([ROUTER_GEMMS[8]._replace(trigger="before_wait", bias_prefetch=False)], False,
+                   "_before_wait_no_bias_prefetch")
+    + _router_rows([ROUTER_GEMMS[9]._replace(at_publisher=True, bias_prefetch=False, n_ranges=ROUTER_N_RANGES[2:3])],
+                   False, "_at_publisher_no_bias_prefetch")
+    + _router_rows([ROUTER_GEMMS[9]._replace(at_publisher=True, trigger="after_x", n_ranges=ROUTER_N_RANGES[2:3])],
+                   False, "_at_publisher_after_x")
 )
 
 
