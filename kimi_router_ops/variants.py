@@ -223,8 +223,17 @@ class RouterGemm(NamedTuple):
 # The trigger point is "before_wait" where that measured faster for the whole router,
 # twice: DeepSeek-V3 at M = 1 (-0.2 us), Kimi-K2 at M = 2..8 (-0.1 to -0.2; on the one-tile
 # kernel -0.05 to -0.15, step 38), and, with the bias prefetch, Kimi-K3 at M = 9..16 (-0.22
-# and -0.24, step 35; the GEMM op's own point there); elsewhere it measured slower (steps
-# 32-33).
+# and -0.24, step 35; the GEMM op's own point there); since step 45 also Kimi-K3 at M = 1..8
+# (-0.03 to -0.08, serialized faster too), Kimi-K2 at M = 9..16 (-0.17) and, with the routing
+# at the publisher, DeepSeek-V3 at M = 3..4 (-0.05 to -0.12); elsewhere it measured slower
+# (steps 32-33 and 45).
+# The routing warps are the publishers' (at_publisher: token m routed in the last cluster's
+# CTA that finishes it) where that measured faster, twice (step 45): Kimi-K3 at M = 9..16
+# (-0.12 to -0.14), DeepSeek-V3 at M = 3..4 with the earlier trigger (see above) and
+# Kimi-K2 at M = 9..16 with it (the same back to back, serialized faster). Routed by the
+# last CTAs, a CTA with no token of its own to publish polls before its cluster has
+# published (step 45); on the one-tile kernels a warp finishes two tokens, so the other
+# routing warps wait for it at a CTA barrier, and alone there it measured slower.
 # The bias prefetch is on where it measured faster with a cold bias in every run (step 34):
 # the dot products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too),
 # M = 9..16 above 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same), and since step
@@ -237,13 +246,13 @@ ROUTER_GEMMS = (
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait", True),
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x", True),
     RouterGemm("m2_prefetch_r4_t256", 2, 2, ROUTER_N_RANGES[:1], True, "before_wait", True),
-    RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "after_x", False),
-    RouterGemm("mma8_t2c4w8u7", 2, 4, ROUTER_N_RANGES[:1], False, "after_x", False),
+    RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "before_wait", False),
+    RouterGemm("mma8_t2c4w8u7", 2, 4, ROUTER_N_RANGES[:1], False, "before_wait", False, at_publisher=True),
     RouterGemm("mma8_t2c4w8u7", 5, 8, ROUTER_N_RANGES[:1], False, "after_x", True),
     RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
-    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "after_x", True),
-    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", True),
+    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "before_wait", True, at_publisher=True),
+    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", True, at_publisher=True),
 )
 # Named only, on other GEMM kernels for the M and N of a table row, so that the benchmark
 # keeps showing what each choice is worth: the rows those replaced (the GEMM op's own
@@ -272,14 +281,11 @@ def _m_range(row, n_max):
     return f"_m{row.m_lo}_{row.m_hi}" if split else ""
 
 
-def _MODEL_N_RANGES(row):
-    return tuple(r for r in row.n_ranges if r != ROUTER_N_RANGES[-1])
-
-
 ROUTER_VARIANTS = (
     _router_rows(ROUTER_GEMMS, True)
     # Named twins, so that the benchmark shows what each choice is worth: the "before_wait"
-    # rows with the GEMM op's trigger point, and every row with the other bias choice.
+    # rows with the GEMM op's trigger point, every row with the other bias choice, and the
+    # at_publisher rows routed by the last CTAs.
     + _router_rows([row._replace(trigger="after_x") for row in ROUTER_GEMMS if row.trigger == "before_wait"],
                    False, "_after_x")
     + _router_rows([row._replace(bias_prefetch=False) for row in ROUTER_GEMMS if row.bias_prefetch],
@@ -287,19 +293,8 @@ ROUTER_VARIANTS = (
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],
                    False, "_bias_prefetch")
     + _router_rows(ROUTER_ALTERNATIVES, False)
-    # Candidates: routing at the publisher, and the earlier trigger point on every row.
-    + _router_rows([row._replace(at_publisher=True, n_ranges=_MODEL_N_RANGES(row)) for row in ROUTER_GEMMS
-                    if row.gemm.startswith("mma")], False, "_at_publisher")
-    + _router_rows([row._replace(trigger="before_wait", n_ranges=_MODEL_N_RANGES(row)) for row in ROUTER_GEMMS
-                    if row.trigger == "after_x"], False, "_before_wait")
-    + _router_rows([ROUTER_GEMMS[i]._replace(trigger="before_wait", at_publisher=True, n_ranges=_MODEL_N_RANGES(ROUTER_GEMMS[i]))
-                    for i in (3, 4, 8)], False, "_before_wait_at_publisher")
-    + _router_rows([ROUTER_GEMMS[8]._replace(trigger="before_wait", bias_prefetch=False)], False,
-                   "_before_wait_no_bias_prefetch")
-    + _router_rows([ROUTER_GEMMS[9]._replace(at_publisher=True, bias_prefetch=False, n_ranges=ROUTER_N_RANGES[2:3])],
-                   False, "_at_publisher_no_bias_prefetch")
-    + _router_rows([ROUTER_GEMMS[9]._replace(at_publisher=True, trigger="after_x", n_ranges=ROUTER_N_RANGES[2:3])],
-                   False, "_at_publisher_after_x")
+    + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
+                   False, "_at_last_ctas")
 )
 
 

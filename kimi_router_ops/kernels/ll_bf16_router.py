@@ -11,7 +11,8 @@
 Every CTA runs the GEMM body of an LLBf16Dotprod or LLBf16Mma kernel, which stores the
 logits and also publishes each expert's sigmoid score in a handoff buffer
 (kernels/handoff.py), where a word is its own ready flag. Token m is then routed by one
-warp, of the m-th CTA from the end (or, with more tokens than CTAs, the next warps): it
+warp, of the m-th CTA from the end (or, with more tokens than CTAs, the next warps; on
+some tensor-core rows, of the last cluster's CTA that publishes token m): it
 polls its token's words until all are published, routes, and empties them again for the
 next call. No fence, no counter: the routing starts one L2 round trip after the last score
 is stored. The host gives each stream, and each call captured into a graph, its own handoff
@@ -278,9 +279,10 @@ class LLBf16Router:
                has_bias, scaling, scratch):
         """Route this warp's tokens. Token m goes to warp m // ctas of the m % ctas-th CTA
         from the end: one warp per token and SM while M <= CTAs (each has a scheduler to
-        itself). From the end, because a routing warp waits for the other CTAs: CTAs start
-        in index order, so the last ones start after all the others have (the premise of
-        every single-pass scan), and no CTA waits for one that cannot start."""
+        itself); at_publisher rows give it to the last cluster's CTA that publishes it
+        (_routing_unit). From the end, because a routing warp waits for the other CTAs: CTAs
+        start in index order, so the last ones start after all the others have (the premise
+        of every single-pass scan), and no CTA waits for one that cannot start."""
         slots: cutlass.Constexpr = self.slots
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
