@@ -162,8 +162,10 @@ class LLBf16Router:
         # m % tokens_per_rank (tensor-core GEMMs only: _routing_unit).
         self.at_publisher = at_publisher
         if at_publisher:
-            share = (gemm.outputs + gemm.cluster_k - 1) // gemm.cluster_k
-            if not hasattr(gemm, "cluster_k") or share % gemm.experts or share // gemm.experts > self.warps:
+            # The tensor-core body's finishing share: rank r sums and stores outputs
+            # [r, r + 1) * share, token-major (kernels/ll_bf16_mma.py).
+            share = (gemm.outputs + gemm.cluster_k - 1) // gemm.cluster_k if hasattr(gemm, "cluster_k") else 0
+            if share == 0 or share % gemm.experts or share // gemm.experts > self.warps:
                 raise ValueError("at_publisher needs a tensor-core GEMM whose ranks finish whole tokens")
             self.tokens_per_rank = share // gemm.experts
 
@@ -247,9 +249,9 @@ class LLBf16Router:
         unit = warp * ctas + (ctas - 1 - (bx + gx * (by + gy * bz)))
         stride = ctas * self.warps
         if const_expr(self.at_publisher):
-            # Rank bx of the last cluster (by) publishes tokens [bx, bx + 1) * tokens_per_rank,
-            # and so knows when they are ready: its polls leave in step with its own stores
-            # (a rank with nothing to publish polled too soon: docs/benchmarks.md, step 45).
+            # Rank bx of the last cluster (by) publishes tokens bx * tokens_per_rank onwards
+            # (tokens_per_rank of them), so its polls leave in step with its own stores (a
+            # rank with nothing to publish polled too soon: docs/benchmarks.md, step 45).
             mine = (by == gy - 1) & (warp < self.tokens_per_rank)
             unit = Int32(cutlass.select_(mine, bx * self.tokens_per_rank + warp, Int32(2**31 - 1)))
             stride = gx * self.tokens_per_rank  # the bucket's tokens: one each
