@@ -113,6 +113,21 @@ def test_router_rows_fuse_existing_gemm_rows():
         assert r.n_max <= 1024  # a warp routes at most 32 experts per lane
 
 
+def test_at_publisher_rows_route_every_token_they_serve():
+    """An at_publisher row routes token m in rank m // t of the last cluster, by its warp
+    m % t (t tokens finished a rank): the cluster's ranks must cover every M the row serves,
+    and a rank must have t warps."""
+    pytest.importorskip("cutlass", reason="the kernel objects need nvidia-cutlass-dsl")
+    from kimi_router_ops import aot
+
+    rows = [r for r in variants.ROUTER_VARIANTS if r.at_publisher]
+    assert rows
+    for r in rows:
+        router = aot.router_object(r)
+        assert router.tokens_per_rank * router.gemm.cluster_k >= r.m_hi, r.name
+        assert router.tokens_per_rank <= router.warps, r.name
+
+
 @requires_cuda_build
 def test_aot_objects_present():
     pairs = [(variants.kernel_symbol(v, vec, dt, arch), arch) for v, vec, dt, arch, _ in variants.compiled_kernels()]
