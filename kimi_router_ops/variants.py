@@ -295,14 +295,6 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
-    + _router_rows([RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False, True)],
-                   False, "_at_publisher")
-    + _router_rows([RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "before_wait", False, True)],
-                   False, "_before_wait_at_publisher")
-    + _router_rows([ROUTER_GEMMS[5]._replace(trigger="before_wait", at_publisher=True)], False,
-                   "_before_wait_at_publisher")
-    + _router_rows([ROUTER_GEMMS[5]._replace(at_publisher=True, bias_prefetch=False)], False,
-                   "_at_publisher_no_bias_prefetch")
 )
 
 
