@@ -82,9 +82,13 @@ class LLBf16Mma:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.trigger = trigger
 
+    def finishing_share(self) -> int:
+        """Outputs each CTA of a cluster finishes: rank r sums and stores outputs
+        [r * share, (r + 1) * share), token-major (body)."""
+        return (self.outputs + self.cluster_k - 1) // self.cluster_k
+
     def smem_bytes(self) -> int:
-        share = (self.outputs + self.cluster_k - 1) // self.cluster_k
-        return self.cluster_k * self.warps * share * 4
+        return self.cluster_k * self.warps * self.finishing_share() * 4
 
     @cute.jit
     def __call__(
@@ -253,7 +257,7 @@ class LLBf16Mma:
         # (rank, warp) of the finishing CTA's mailbox; after one barrier each CTA adds its
         # slots in slot order (a fixed order) and writes out. No one reads remote memory, so
         # no second barrier is needed before exit.
-        share = (outputs + cluster_k - 1) // cluster_k
+        share = self.finishing_share()
         slots = cluster_k * warps
         smem = cutlass.utils.SmemAllocator()
         mailbox = smem.allocate_tensor(

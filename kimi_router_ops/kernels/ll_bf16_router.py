@@ -162,9 +162,7 @@ class LLBf16Router:
         # m % tokens_per_rank (tensor-core GEMMs only: _routing_unit).
         self.at_publisher = at_publisher
         if at_publisher:
-            # The tensor-core body's finishing share: rank r sums and stores outputs
-            # [r, r + 1) * share, token-major (kernels/ll_bf16_mma.py).
-            share = (gemm.outputs + gemm.cluster_k - 1) // gemm.cluster_k if hasattr(gemm, "cluster_k") else 0
+            share = gemm.finishing_share() if hasattr(gemm, "finishing_share") else 0
             if share == 0 or share % gemm.experts or share // gemm.experts > self.warps:
                 raise ValueError("at_publisher needs a tensor-core GEMM whose ranks finish whole tokens")
             self.tokens_per_rank = share // gemm.experts
