@@ -306,6 +306,24 @@ def test_many_equal_experts_go_to_the_lowest_ids(device, n):
     torch.testing.assert_close(weights, torch.full_like(weights, 1 / 8))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+def test_many_equal_experts_in_groups_go_to_the_lowest_ids(device, m):
+    """DeepSeek-V3's grouping with every expert equal: groups 0..3 are kept (ties to the
+    lower group) and the top 8 are experts 0..7. (On the fused rows that give each group
+    a warp, 128 candidates are more than one list holds: the one-warp path routes them.)"""
+    x, w = random_bf16(m, 64, device=device), torch.zeros(256, 64, dtype=torch.bfloat16, device=device)
+    bias = torch.zeros(256, device=device)
+    bias[200] = 1.0  # group 6 beats every other group, and expert 200 every other expert
+    rows = [None] + [r.name for r in variants.ROUTER_VARIANTS
+                     if device == "cuda" and r.n_max == 256 and r.m_lo <= m <= r.m_hi]
+    for row in rows:
+        args = (x, w, bias, 8, 8, 4, True, 2.5)
+        out = kimi_router_ops.ll_bf16_router(*args) if row is None else kimi_router_ops.ll_bf16_router_with_variant(*args, row)
+        assert out[1].tolist() == [[200] + list(range(7))] * m, row
+        torch.testing.assert_close(out[0], torch.full_like(out[0], 2.5 / 8))
+
+
 @requires_kernel_gpu
 @pytest.mark.parametrize("n_group, topk_group, top_k", [(12, 5, 8), (16, 3, 6), (32, 7, 16)])
 @pytest.mark.parametrize("m", [1, 3, 16])
@@ -517,8 +535,8 @@ def test_every_named_router_row_is_a_twin_or_an_alternative_of_a_table_row():
         if is_twin(row):
             table_row = table_row_of(row)
             assert table_row is not None, row.name
-            assert ((table_row.trigger, table_row.bias_prefetch, table_row.at_publisher)
-                    != (row.trigger, row.bias_prefetch, row.at_publisher)), row.name
+            assert ((table_row.trigger, table_row.bias_prefetch, table_row.at_publisher, table_row.group_warps)
+                    != (row.trigger, row.bias_prefetch, row.at_publisher, row.group_warps)), row.name
         elif not row.automatic:
             # An alternative: the table serves its M and N with another GEMM kernel.
             current = [r for r in variants.ROUTER_VARIANTS if r.automatic
