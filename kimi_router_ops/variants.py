@@ -177,10 +177,6 @@ class RouterVariant:
     # Tensor-core rows: each token routed by a warp of the last cluster's CTA that publishes
     # it, not by the m-th CTA from the end (kernels/ll_bf16_router.py, _routing_unit).
     at_publisher: bool = False
-    # DeepSeek-V3's grouping (groups of 32 experts, one a warp of the GEMM's CTA): token m
-    # routed by the whole m-th CTA from the end, warp g scoring group g
-    # (kernels/ll_bf16_router.py, _route_by_groups); other groupings as without it.
-    group_warps: bool = False
 
     def __post_init__(self):
         _check_trigger(self)
@@ -203,7 +199,6 @@ class RouterGemm(NamedTuple):
     trigger: str
     bias_prefetch: bool
     at_publisher: bool = False
-    group_warps: bool = False
 
 
 # Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N, or one
@@ -275,8 +270,7 @@ def _router_rows(table, automatic, suffix=""):
         RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi,
                       n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
-                      bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher,
-                      group_warps=row.group_warps)
+                      bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher)
         for row in table
         for n_min, n_max in row.n_ranges
     )
@@ -301,9 +295,6 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
-    + _router_rows([row._replace(at_publisher=False, group_warps=True, n_ranges=ROUTER_N_RANGES[:1])
-                    for row in ROUTER_GEMMS if ROUTER_N_RANGES[0] in row.n_ranges and not row.group_warps],
-                   False, "_group_warps")
 )
 
 

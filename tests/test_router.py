@@ -309,9 +309,10 @@ def test_many_equal_experts_go_to_the_lowest_ids(device, n):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
 def test_many_equal_experts_in_groups_go_to_the_lowest_ids(device, m):
-    """DeepSeek-V3's grouping with every expert equal: groups 0..3 are kept (ties to the
-    lower group) and the top 8 are experts 0..7. (On the fused rows that give each group
-    a warp, 128 candidates are more than one list holds: the one-warp path routes them.)"""
+    """DeepSeek-V3's grouping with all experts equal but one: its group and the three lowest
+    others are kept (ties to the lower group), and after it come the lowest ids. On every
+    fused row for the M: 128 candidates, more than the ranking's list holds, take the
+    kernel's other way, one pick after another."""
     x, w = random_bf16(m, 64, device=device), torch.zeros(256, 64, dtype=torch.bfloat16, device=device)
     bias = torch.zeros(256, device=device)
     bias[200] = 1.0  # group 6 beats every other group, and expert 200 every other expert
@@ -535,8 +536,8 @@ def test_every_named_router_row_is_a_twin_or_an_alternative_of_a_table_row():
         if is_twin(row):
             table_row = table_row_of(row)
             assert table_row is not None, row.name
-            assert ((table_row.trigger, table_row.bias_prefetch, table_row.at_publisher, table_row.group_warps)
-                    != (row.trigger, row.bias_prefetch, row.at_publisher, row.group_warps)), row.name
+            assert ((table_row.trigger, table_row.bias_prefetch, table_row.at_publisher)
+                    != (row.trigger, row.bias_prefetch, row.at_publisher)), row.name
         elif not row.automatic:
             # An alternative: the table serves its M and N with another GEMM kernel.
             current = [r for r in variants.ROUTER_VARIANTS if r.automatic

@@ -51,12 +51,6 @@ SCRATCH_ROWS = 10
 GROUP_CHUNK = 8
 GROUP_ROW = 36
 GROUP_KEYS_ROW = 9
-# The routing CTA's shared rows where each warp routes one group of 32 experts (group_warps):
-# per warp its group's biases and scores (for the general path), its candidates as 64-bit
-# words (two rows) and their scores, and its group's key, second best key and candidate count.
-TEAM_BIAS, TEAM_SCORE, TEAM_CAND, TEAM_CAND_SCORE, TEAM_GROUP = 0, 1, 2, 4, 5
-TEAM_ROWS = 6
-TEAM_BARRIER = 1  # a named barrier of the routing CTA's warps (0 is sync_threads')
 EXCLUSIVE_SMEM = 120 * 1024  # more than half of an H200's or B200's 228 KiB per SM
 
 
@@ -154,7 +148,7 @@ class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
     def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 at_publisher: bool = False, group_warps: bool = False):
+                 at_publisher: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -172,11 +166,6 @@ class LLBf16Router:
             if share == 0 or share % gemm.experts or share // gemm.experts > self.warps:
                 raise ValueError("at_publisher needs a tensor-core GEMM whose ranks finish whole tokens")
             self.tokens_per_rank = share // gemm.experts
-        # Groups of 32 experts, one a warp (DeepSeek-V3: 8 groups, 8 warps): token m routed
-        # by the whole m-th CTA from the end (_route_by_groups).
-        self.group_warps = group_warps
-        if group_warps and (self.slots != self.warps or at_publisher):
-            raise ValueError("group_warps needs one warp per 32 experts of n_max, routed by the last CTAs")
 
     @cute.jit
     def __call__(
@@ -200,8 +189,6 @@ class LLBf16Router:
         shape = self.gemm.launch_shape(w.shape[0])
         # The routing's scratch, after the GEMM's own shared memory.
         shape["smem"] += 4 * SCRATCH_ROWS * WARP * self.warps + 16
-        if const_expr(self.group_warps):
-            shape["smem"] += 4 * TEAM_ROWS * WARP * self.warps + 16
         # As many CTAs per SM as the GEMM kernel alone gets: the routing's registers must not
         # lower the GEMM's occupancy (with 32 experts a lane they would halve the dot
         # product's, and Kimi-K3's 224 CTAs would run in two waves). Unless exclusive: then
@@ -246,17 +233,8 @@ class LLBf16Router:
             cute.arch.sync_threads()
         smem = cutlass.utils.SmemAllocator()
         scratch = smem.allocate_tensor(Uint32, cute.make_layout((WARP, SCRATCH_ROWS, self.warps)), 16)
-        if const_expr(self.group_warps):
-            team = smem.allocate_tensor(Uint32, cute.make_layout((WARP, TEAM_ROWS, self.warps)), 16)
-            if self._groups_fit_warps(handoff, top_k, n_group, topk_group):
-                self._route_by_groups(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                                      has_bias, scaling, scratch, team)
-            else:
-                self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                            has_bias, scaling, scratch)
-        else:
-            self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                        has_bias, scaling, scratch)
+        self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
+                    has_bias, scaling, scratch)
 
     @cute.jit
     def _routing_unit(self):
@@ -313,6 +291,7 @@ class LLBf16Router:
         n_count = handoff.shape[1]
         scores = cute.make_rmem_tensor((slots,), Float32)
         choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
+        keys = cute.make_rmem_tensor((slots,), Uint32)
         for m in cutlass.range(unit, m_count, stride, unroll=1):
             # All experts present (every real router's N): no clamped indices, so each load
             # and store is one instruction at an immediate offset from the lane's address.
@@ -320,161 +299,33 @@ class LLBf16Router:
                 self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, True)
             else:
                 self._gather(handoff, bias, m, lane, n_count, has_bias, scores, choice, False)
-            self._route_token(m, scores, choice, lane, n_count, weights, ids, top_k, n_group, topk_group,
-                              renormalize, scaling, scratch[None, None, warp])
+            for j in cutlass.range_constexpr(slots):
+                c = scores[j] + choice[j]
+                choice[j] = c
+                # Key 0 is "no expert": never picked (top_k <= the experts that remain).
+                keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
 
-    @cute.jit
-    def _route_token(self, m, scores, choice, lane, n_count, weights, ids, top_k, n_group, topk_group,
-                     renormalize, scaling, scratch):
-        """Route token m in this warp: lane l holds the scores (and in `choice` the biases)
-        of experts l, l + 32, ..."""
-        slots: cutlass.Constexpr = self.slots
-        keys = cute.make_rmem_tensor((slots,), Uint32)
-        for j in cutlass.range_constexpr(slots):
-            c = scores[j] + choice[j]
-            choice[j] = c
-            # Key 0 is "no expert": never picked (top_k <= the experts that remain).
-            keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
-
-        bound = Uint32(0)  # a key that at least top_k experts reach, if known; 0: not
-        if topk_group < n_group:
-            if n_count == n_group * WARP:
-                bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group, scratch)
-            else:
-                self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
-
-        my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch)
-        self._write_token(m, my_id, score, lane, weights, ids, top_k, renormalize, scaling, scratch)
-
-    @cute.jit
-    def _write_token(self, m, my_id, score, lane, weights, ids, top_k, renormalize, scaling, scratch):
-        """Lane i holds the i-th pick: renormalize and store token m's weights and ids."""
-        scale = scaling
-        if renormalize != 0:
-            # Lanes past top_k hold 0: the sum of all 32, as a tree, is the picks' sum.
-            picked = scratch[None, 0]
-            cute.arch.sync_warp()  # the ranking's reads of this row are done
-            picked[lane] = score.bitcast(Uint32)
-            cute.arch.sync_warp()
-            total = _tree_sum([picked[i].bitcast(Float32) for i in range(WARP)])
-            scale = scaling * cute.arch.rcp_approx(total + Float32(1e-20))
-        if lane < top_k:
-            weights[m, lane] = score * scale
-            ids[m, lane] = my_id
-
-    @cute.jit
-    def _groups_fit_warps(self, handoff, top_k, n_group, topk_group) -> cutlass.Boolean:
-        """Whether _route_by_groups serves this call: one group of 32 experts a warp, the
-        kept groups' two best bound the top_k, and a CTA for each token."""
-        gx, gy, gz = cute.arch.grid_dim()
-        return ((handoff.shape[1] == self.slots * WARP) & (n_group == self.slots) & (topk_group < n_group)
-                & (top_k <= 2 * topk_group) & (handoff.shape[0] <= gx * gy * gz))
-
-    @cute.jit
-    def _route_by_groups(self, handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                         has_bias, scaling, scratch, team):
-        """Token m routed by the whole m-th CTA from the end, warp g scoring group g (experts
-        32g .. 32g + 31, a lane each), so that no warp runs the chain of all the groups:
-
-        1. each warp polls its group's 32 scores (one word a lane) and takes the group's two
-           best with two `redux.sync`s and a ballot (equal values count twice);
-        2. at a CTA barrier every warp reads the groups' keys, finds the kept ones (lane g
-           judges group g: ties to the lower group) and the least of their second bests, t;
-           at least 2 * topk_group >= top_k experts reach t, so every expert of the answer
-           does. The kept groups' warps write their experts >= t, in order, to shared rows;
-        3. after a second barrier warp 0 gathers the candidates (usually about 10) into one
-           list and ranks them as _rank_candidates does. More than 32 (many equal values)
-           take the one-warp path over all 256 experts, from the rows of step 1.
-
-        The candidates, and so the ids and weights, are those of the one-warp path, bit for
-        bit."""
-        slots: cutlass.Constexpr = self.slots
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        bx, by, bz = cute.arch.block_idx()
-        gx, gy, gz = cute.arch.grid_dim()
-        m = gx * gy * gz - 1 - (bx + gx * (by + gy * bz))
-        if m < handoff.shape[0]:  # the same on every warp of the CTA
-            mine = team[None, None, warp]
-            expert = warp * WARP + lane
-            b = Float32(0.0)
-            if has_bias != 0:
-                b = bias[0, expert].to(Float32)  # before the poll: its load times the poll
-            score = handoff_buffer.poll(handoff, m, expert)
-            while cute.arch.vote_any_sync(score == Int32(handoff_buffer.EMPTY)):
-                score = handoff_buffer.poll(handoff, m, expert)
-            handoff[m, expert] = Int32(handoff_buffer.EMPTY)  # for the next call
-            mine[lane, TEAM_BIAS] = b.bitcast(Uint32)
-            mine[lane, TEAM_SCORE] = score.bitcast(Uint32)
-            key = self._key(score.bitcast(Float32) + b)
-            # The group's two best: the largest key, then the largest of the others, or the
-            # largest again if two lanes hold it.
-            first = Uint32(cute.arch.warp_redux_sync(key, "umax"))
-            holders = cute.arch.vote_ballot_sync(key == first)
-            rest = Uint32(cute.arch.warp_redux_sync(Uint32(cutlass.select_(key == first, Uint32(0), key)), "umax"))
-            second = Uint32(cutlass.select_(cute.arch.popc(holders) > 1, first, rest))
-            if lane == 0:
-                mine[0, TEAM_GROUP] = self._key(self._value(first) + self._value(second))
-                mine[1, TEAM_GROUP] = second
-            cute.arch.barrier(barrier_id=TEAM_BARRIER, number_of_threads=self.gemm.threads)
-
-            group = cutlass.min(lane, slots - 1)
-            group_key = self._ranked(team[0, TEAM_GROUP, group], lane)
-            group_second = team[1, TEAM_GROUP, group]
-            beaten_by = _count_above([self._ranked(team[0, TEAM_GROUP, g], Int32(g)) for g in range(slots)],
-                                     group_key)
-            kept = cute.arch.vote_ballot_sync((beaten_by < topk_group) & (lane < slots))
-            least = Uint32(cutlass.select_((lane < slots) & (((kept >> lane) & 1) != 0), group_second,
-                                           Uint32(0xFFFFFFFF)))
-            t = Uint32(cute.arch.warp_redux_sync(least, "umin"))
-            t = Uint32(cutlass.select_(t == Uint32(0), Uint32(1), t))  # never key 0 (no expert)
-            candidate = (((kept >> warp) & 1) != 0) & (key >= t)
-            found = cute.arch.vote_ballot_sync(candidate)
-            cand = self._team_candidates(team)
-            if candidate:
-                place = cute.arch.popc(found & cute.arch.lanemask_lt())
-                cand[place, warp] = self._ranked(key, expert)
-                mine[place, TEAM_CAND_SCORE] = score.bitcast(Uint32)
-            if lane == 0:
-                mine[2, TEAM_GROUP] = Uint32(cute.arch.popc(found))
-            cute.arch.barrier(barrier_id=TEAM_BARRIER, number_of_threads=self.gemm.threads)
-
-            if warp == 0:
-                counts = [team[2, TEAM_GROUP, g].bitcast(Int32) for g in range(slots)]
-                ends = [counts[0]]  # candidates up to the end of each group's row
-                for g in cutlass.range_constexpr(1, slots):
-                    ends.append(ends[g - 1] + counts[g])
-                total = ends[slots - 1]
-                if total <= WARP:
-                    # Lane i takes candidate i: in the first row whose end is past i.
-                    row = _count([e <= lane for e in ends[:slots - 1]])
-                    start = Int32(0)
-                    for g in cutlass.range_constexpr(slots - 1):
-                        start = Int32(cutlass.select_(ends[g] <= lane, ends[g], start))
-                    word = cutlass.Int64(0)
-                    word_score = Uint32(0)
-                    if lane < total:
-                        word = cand[lane - start, row]
-                        word_score = team[lane - start, TEAM_CAND_SCORE, row]
-                    rows = scratch[None, None, 0]
-                    listed, listed_score = self._candidate_rows(rows)
-                    listed[lane] = word
-                    listed_score[lane] = word_score
-                    my_id, my_score = self._rank_candidates(rows, total, lane, top_k)
-                    self._write_token(m, my_id, my_score, lane, weights, ids, top_k, renormalize, scaling, rows)
+            bound = Uint32(0)  # a key that at least top_k experts reach, if known; 0: not
+            if topk_group < n_group:
+                if n_count == n_group * WARP:
+                    bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
+                                                   scratch[None, None, warp])
                 else:
-                    scores = cute.make_rmem_tensor((slots,), Float32)
-                    choice = cute.make_rmem_tensor((slots,), Float32)
-                    for j in cutlass.range_constexpr(slots):
-                        scores[j] = team[lane, TEAM_SCORE, j].bitcast(Float32)
-                        choice[j] = team[lane, TEAM_BIAS, j].bitcast(Float32)
-                    self._route_token(m, scores, choice, lane, handoff.shape[1], weights, ids, top_k, n_group,
-                                      topk_group, renormalize, scaling, scratch[None, None, 0])
+                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
 
-    def _team_candidates(self, team):
-        """The candidate rows of _route_by_groups as 64-bit words: [place, warp]."""
-        start = cute.recast_ptr(team[None, TEAM_CAND, 0].iterator, dtype=cutlass.Int64)
-        return cute.make_tensor(start, cute.make_layout((WARP, self.warps), stride=(1, WARP * TEAM_ROWS // 2)))
+            my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch[None, None, warp])
+            scale = scaling
+            if renormalize != 0:
+                # Lanes past top_k hold 0: the sum of all 32, as a tree, is the picks' sum.
+                picked = scratch[None, 0, warp]
+                cute.arch.sync_warp()  # the ranking's reads of this row are done
+                picked[lane] = score.bitcast(Uint32)
+                cute.arch.sync_warp()
+                total = _tree_sum([picked[i].bitcast(Float32) for i in range(WARP)])
+                scale = scaling * cute.arch.rcp_approx(total + Float32(1e-20))
+            if lane < top_k:
+                weights[m, lane] = score * scale
+                ids[m, lane] = my_id
 
     @cute.jit
     def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice,
@@ -558,7 +409,11 @@ class LLBf16Router:
         maxima = scratch[None, 0]
         # Candidates as one unsigned 64-bit word, (key, ~id): one compare orders them, ties
         # to the lower id. Word 0 is no candidate: every real one is above it (key >= 1).
-        cand, cand_score = self._candidate_rows(scratch)
+        cand = cute.make_tensor(cute.recast_ptr(scratch[None, 1].iterator, dtype=cutlass.Int64),
+                                cute.make_layout(WARP))  # rows 1 and 2
+        cand_score = scratch[None, 3]
+        pick_id = scratch[None, 4]
+        pick_score = scratch[None, 5]
         cute.arch.sync_warp()  # the previous token's reads of the scratch are done
         lane_max = _tree([keys[j] for j in range(slots)], _umax)
         # The maxima compared as floats, where one `set` a lane gives 1.0 or 0.0 (keys and
@@ -595,51 +450,34 @@ class LLBf16Router:
             pos = pos + Int32(cutlass.select_(is_candidate[j], Int32(1), Int32(0)))
         my_id, my_score = Int32(0), Float32(0.0)
         if count <= WARP:
-            my_id, my_score = self._rank_candidates(scratch, count, lane, top_k)
+            cute.arch.sync_warp()
+            mine = cand[lane]
+            mine_score = cand_score[lane]  # loaded beside mine, off the path after the count
+            # Each candidate's place: the candidates ahead of it. Usually there are a few
+            # more than top_k, so up to 16 a shorter count will do (count is the same on
+            # every lane: a uniform branch).
+            ahead = Int32(0)
+            if count <= WARP // 2:
+                # Compare, select and add: for 16 the borrows below measured up to 0.13 us
+                # slower (Kimi-K2; docs/benchmarks.md, step 40).
+                mine_u = mine.to(cutlass.Uint64)
+                ahead = _count([(Int32(d) < count) & (cand[d].to(cutlass.Uint64) > mine_u)
+                                for d in range(WARP // 2)])
+            else:
+                # The borrow of a subtraction, three instructions a candidate against five or
+                # six: 0.03-0.06 us faster for Kimi-K3's top-16 (about 21 candidates). Slots
+                # past count hold 0, never ahead.
+                ahead = _count_above([cand[d] for d in range(WARP)], mine)
+            if (lane < count) & (ahead < top_k):
+                pick_id[ahead] = ~Uint32(mine & cutlass.Int64(0xFFFFFFFF))
+                pick_score[ahead] = mine_score
+            cute.arch.sync_warp()
+            # Lanes past top_k hold no pick (zero, as the picks give them: renormalizing
+            # sums over all lanes).
+            my_id = Int32(cutlass.select_(lane < top_k, pick_id[lane].bitcast(Int32), Int32(0)))
+            my_score = Float32(cutlass.select_(lane < top_k, pick_score[lane].bitcast(Float32), Float32(0.0)))
         else:
             my_id, my_score = self._pick(keys, scores, lane, top_k)
-        return my_id, my_score
-
-    def _candidate_rows(self, scratch):
-        """Candidates as (key, ~id) words (rows 1-2 of a warp's scratch) and their scores (3)."""
-        cand = cute.make_tensor(cute.recast_ptr(scratch[None, 1].iterator, dtype=cutlass.Int64),
-                                cute.make_layout(WARP))
-        return cand, scratch[None, 3]
-
-    @cute.jit
-    def _rank_candidates(self, scratch, count, lane, top_k):
-        """The top_k of `count` <= 32 candidates (each lane's entry written, 0 past count),
-        largest first: each candidate counts those ahead of it, which is its place. Lane i
-        returns the i-th expert id and its score."""
-        cand, cand_score = self._candidate_rows(scratch)
-        pick_id = scratch[None, 4]
-        pick_score = scratch[None, 5]
-        cute.arch.sync_warp()
-        mine = cand[lane]
-        mine_score = cand_score[lane]  # loaded beside mine, off the path after the count
-        # Each candidate's place: the candidates ahead of it. Usually there are a few
-        # more than top_k, so up to 16 a shorter count will do (count is the same on
-        # every lane: a uniform branch).
-        ahead = Int32(0)
-        if count <= WARP // 2:
-            # Compare, select and add: for 16 the borrows below measured up to 0.13 us
-            # slower (Kimi-K2; docs/benchmarks.md, step 40).
-            mine_u = mine.to(cutlass.Uint64)
-            ahead = _count([(Int32(d) < count) & (cand[d].to(cutlass.Uint64) > mine_u)
-                            for d in range(WARP // 2)])
-        else:
-            # The borrow of a subtraction, three instructions a candidate against five or
-            # six: 0.03-0.06 us faster for Kimi-K3's top-16 (about 21 candidates). Slots
-            # past count hold 0, never ahead.
-            ahead = _count_above([cand[d] for d in range(WARP)], mine)
-        if (lane < count) & (ahead < top_k):
-            pick_id[ahead] = ~Uint32(mine & cutlass.Int64(0xFFFFFFFF))
-            pick_score[ahead] = mine_score
-        cute.arch.sync_warp()
-        # Lanes past top_k hold no pick (zero, as the picks give them: renormalizing
-        # sums over all lanes).
-        my_id = Int32(cutlass.select_(lane < top_k, pick_id[lane].bitcast(Int32), Int32(0)))
-        my_score = Float32(cutlass.select_(lane < top_k, pick_score[lane].bitcast(Float32), Float32(0.0)))
         return my_id, my_score
 
     @cute.jit
