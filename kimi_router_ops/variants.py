@@ -14,13 +14,11 @@ from typing import NamedTuple, Union
 
 INT32_MAX = 2**31 - 1
 # Where a kernel lets the next one launch (PDL's griddepcontrol.launch_dependents): once its
-# first step's loads are issued ("after_x"), right after its weight prefetch, before its
-# own grid-dependency wait ("before_wait"), or once it has stored its outputs
-# ("after_body": for a GEMM kernel alone that is its exit; a fused router's CTAs signal
-# before they route). Each is safe: the next kernel reads nothing of ours before its own
-# wait returns, after our grid has finished. Results do not change; only what the next
-# kernel's weight stream overlaps (docs/benchmarks.md, steps 32-33 and 49).
-TRIGGERS = ("after_x", "before_wait", "after_body")
+# first step's loads are issued ("after_x"), or right after its weight prefetch, before its
+# own grid-dependency wait ("before_wait"). Either is safe: the next kernel reads nothing
+# of ours before its own wait returns, after our grid has finished. Results do not change;
+# only what the next kernel's weight stream overlaps (docs/benchmarks.md, steps 32-33).
+TRIGGERS = ("after_x", "before_wait")
 
 
 def _check_trigger(row):
@@ -261,8 +259,7 @@ ROUTER_GEMMS = (
 # kernel). Candidates go here too while they are measured.
 ROUTER_ALTERNATIVES = (
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
-    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
-    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "before_wait", True, at_publisher=True),
+    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
 )
 
 
@@ -298,7 +295,6 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
-    + _router_rows([row._replace(trigger="after_body") for row in ROUTER_GEMMS], False, "_after_body")
 )
 
 

@@ -227,10 +227,6 @@ class LLBf16Router:
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
         self.gemm.body(xv, wv, logits, handoff)
-        if const_expr(self.gemm.pdl and self.gemm.trigger == "after_body"):
-            # The next kernel streams its weights while we hand off and route, not while
-            # we stream ours.
-            cute.arch.griddepcontrol_launch_dependents()
         if const_expr(self.at_publisher and self.gemm.experts < WARP):
             # A warp finishes more than one token: the others' routing warps poll only once
             # it has published them.
