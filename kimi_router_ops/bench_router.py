@@ -5,7 +5,8 @@ benchmark (one CUDA graph of one call per weight copy, cold L2, median per call;
 back and serialized; one bias per weight copy, so the bias is cold too): `ll_bf16_router`;
 `ll_bf16_gemm` alone; `ll_bf16_gemm` followed by the routing as torch ops (the transformers
 formula), eagerly and under `torch.compile`; and each named-only fused router row that can
-serve the case, forced. Each cell is the median of --rounds fresh captures, taken in turn.
+serve the case, forced. Each cell is the median of --rounds rounds, taken in turn, each
+on weights and biases of its own (a placement in memory of its own) with fresh captures.
 Writes <out>/router.json and <out>/router.md.
 """
 
@@ -75,17 +76,22 @@ def run(configs, m_list, replays, rounds):
     results = []
     for config, m in tqdm([(c, m) for c in configs for m in m_list], desc="router", unit="case"):
         n = CONFIGS[config][0]
-        weights = weight_copies(n, K, 3 * l2_bytes())
-        # One bias per weight copy, as a model has one per layer: cold in L2 like the weights.
-        biases = [(torch.randn(n, device="cuda") * 0.05).float() for _ in weights]
         x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
-        calls = list(zip(weights, biases))
         impls = implementations(config, m)
         samples = {impl: ([], []) for impl in impls}
-        # Each round captures every implementation's graphs afresh (new outputs and handoff
-        # buffers, so new addresses), in turn: a cell is the median of its rounds, and a
-        # drift in the GPU's state during the case reaches every implementation alike.
+        placements = []  # kept to the end of the case, so no round reuses another's memory
+        # Each round allocates its own weights and biases and captures every
+        # implementation's graphs afresh (new outputs and handoff buffers), in turn: where
+        # the buffers land in memory sets which of two speed levels a kernel runs at
+        # (docs/benchmarks.md, step 46), so a cell is the median over placements, and a drift
+        # in the GPU's state during the case reaches every implementation alike.
         for _ in range(rounds):
+            weights = weight_copies(n, K, 3 * l2_bytes())
+            # One bias per weight copy, as a model has one per layer: cold in L2 like the
+            # weights.
+            biases = [(torch.randn(n, device="cuda") * 0.05).float() for _ in weights]
+            calls = list(zip(weights, biases))
+            placements.append(calls)
             for impl, fn in impls.items():
                 back_to_back, serialized = samples[impl]
                 back_to_back.append(graph_time_us([lambda w=w, b=b: fn(x, w, b) for w, b in calls],
@@ -97,7 +103,7 @@ def run(configs, m_list, replays, rounds):
                             "us": round(statistics.median(back_to_back), 3),
                             "serial_us": round(statistics.median(serialized), 3),
                             "rounds_us": [round(us, 3) for us in back_to_back]})
-        del weights, biases
+        del placements
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
