@@ -239,9 +239,10 @@ class RouterGemm(NamedTuple):
 # M = 9..16 above 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same), and since step
 # 40 Kimi-K2-sized N at M = 9..16 (-0.10 to -0.18 in six runs) and DeepSeek-V3-sized N at
 # M = 5..8 (-0.06 to -0.07 at M = 8 in six runs; step 42); since step 50 also at M = 3..4,
-# with the routing at the publisher and the earlier trigger (M = 4: -0.00 to -0.21 us in
-# five runs on four machines, 3.45-3.48 us every time). The other tensor-core rows were
-# 0.05-0.18 us slower with it serialized, and back to back from 0.06 faster to 0.18 slower.
+# with the routing at the publisher and the earlier trigger (M = 4: 3.45-3.50 us in six
+# runs, against 3.48-3.67 without it; 0.01 slower once, never more). The other tensor-core
+# rows were 0.05-0.18 us slower with it serialized, and back to back from 0.06 faster to
+# 0.18 slower.
 # Neither choice changes the results. (What it changes is when the routing warp's polls
 # reach L2, step 41: the bias loads just before them time them.)
 ROUTER_GEMMS = (

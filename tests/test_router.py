@@ -318,9 +318,12 @@ def test_many_equal_experts_in_groups_go_to_the_lowest_ids(device, m):
     bias[200] = 1.0  # group 6 beats every other group, and expert 200 every other expert
     rows = [None] + [r.name for r in variants.ROUTER_VARIANTS
                      if device == "cuda" and r.n_max == 256 and r.m_lo <= m <= r.m_hi]
+    args = (x, w, bias, 8, 8, 4, True, 2.5)
     for row in rows:
-        args = (x, w, bias, 8, 8, 4, True, 2.5)
-        out = kimi_router_ops.ll_bf16_router(*args) if row is None else kimi_router_ops.ll_bf16_router_with_variant(*args, row)
+        if row is None:
+            out = kimi_router_ops.ll_bf16_router(*args)
+        else:
+            out = kimi_router_ops.ll_bf16_router_with_variant(*args, row)
         assert out[1].tolist() == [[200] + list(range(7))] * m, row
         torch.testing.assert_close(out[0], torch.full_like(out[0], 2.5 / 8))
 
