@@ -9,7 +9,7 @@ Adding a variant is one row here, plus the benchmark number that justifies it
 (docs/benchmarks.md).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Union
 
 INT32_MAX = 2**31 - 1
@@ -177,7 +177,6 @@ class RouterVariant:
     # Tensor-core rows: each token routed by a warp of the last cluster's CTA that publishes
     # it, not by the m-th CTA from the end (kernels/ll_bf16_router.py, _routing_unit).
     at_publisher: bool = False
-    second_poll_cycles: int = 0  # a candidate: a second batch of polls this long after the first
 
     def __post_init__(self):
         _check_trigger(self)
@@ -299,11 +298,6 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
-    + tuple(replace(r, name=f"{r.name}_second_poll{c}", automatic=False, bias_prefetch=True, second_poll_cycles=c)
-            for r in _router_rows(ROUTER_GEMMS, True)
-            if r.name in ("router_m1_prefetch_r4_t256_n256", "router_mma16_t1c4w8u7_n256",
-                          "router_mma16_t1c4w8u7_n384", "router_mma8_t2c4w8u7_m5_8_n256")
-            for c in (100, 300))
 )
 
 

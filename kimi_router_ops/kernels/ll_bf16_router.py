@@ -107,16 +107,6 @@ def _prefetch_bulk_l2(address, size, *, loc=None, ip=None):
                     loc=loc, ip=ip)
 
 
-@dsl_user_op
-def _spin_cycles(cycles: int, *, loc=None, ip=None):
-    """Busy-wait `cycles` SM clock cycles; no memory access moves across it."""
-    llvm.inline_asm(None, [], "{ .reg .u64 t0, t1; .reg .pred p; mov.u64 t0, %clock64;\n"
-                    "SPIN_AGAIN: mov.u64 t1, %clock64; sub.u64 t1, t1, t0;\n"
-                    f"setp.lt.u64 p, t1, {cycles}; @p bra SPIN_AGAIN; }}",
-                    "~{memory}", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
 def _umax(a, b):
     return Uint32(cutlass.select_(a > b, a, b))
 
@@ -158,7 +148,7 @@ class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
     def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 at_publisher: bool = False, second_poll_cycles: int = 0):
+                 at_publisher: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -171,10 +161,6 @@ class LLBf16Router:
         # Token m routed in the CTA of the last cluster that publishes it, by its warp
         # m % tokens_per_rank (tensor-core GEMMs only: _routing_unit).
         self.at_publisher = at_publisher
-        # A second batch of polls this many cycles after the first, issued before the first
-        # is looked at: a score that lands just after the first batch passed is seen about
-        # a round trip sooner than by a re-poll (0: none).
-        self.second_poll_cycles = second_poll_cycles
         if at_publisher:
             share = gemm.finishing_share() if hasattr(gemm, "finishing_share") else 0
             if share == 0 or share % gemm.experts or share // gemm.experts > self.warps:
@@ -357,15 +343,6 @@ class LLBf16Router:
                 choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
         for j in cutlass.range_constexpr(slots):
             scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
-        if const_expr(self.second_poll_cycles > 0):
-            _spin_cycles(self.second_poll_cycles)
-            later = cute.make_rmem_tensor((slots,), Float32)
-            for j in cutlass.range_constexpr(slots):
-                later[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
-            if cute.arch.vote_any_sync(self._pending(scores)):
-                for j in cutlass.range_constexpr(slots):
-                    scores[j] = Float32(cutlass.select_(scores[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY),
-                                                        later[j], scores[j]))
         # Until every score of this token has been published: reload what is not.
         while cute.arch.vote_any_sync(self._pending(scores)):
             for j in cutlass.range_constexpr(slots):
