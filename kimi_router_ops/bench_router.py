@@ -5,7 +5,7 @@ benchmark (one CUDA graph of one call per weight copy, cold L2, median per call;
 back and serialized; one bias per weight copy, so the bias is cold too): `ll_bf16_router`;
 `ll_bf16_gemm` alone; `ll_bf16_gemm` followed by the routing as torch ops (the transformers
 formula), eagerly and under `torch.compile`; and each named-only fused router row that can
-serve the case, forced. Each cell is the median of --rounds rounds, taken in turn, each
+serve the case, forced (and, with --gemm-variants, those GEMM rows alone). Each cell is the median of --rounds rounds, taken in turn, each
 on weights and biases of its own (a placement in memory of its own) with fresh captures.
 Writes <out>/router.json and <out>/router.md.
 """
@@ -44,7 +44,7 @@ def torch_routing(logits, bias, top_k, n_group, topk_group, scale):
     return weights / (weights.sum(-1, keepdim=True) + 1e-20) * scale, ids
 
 
-def implementations(config, m):
+def implementations(config, m, gemm_variants=()):
     n, top_k, n_group, topk_group, scale = CONFIGS[config]
     route = (top_k, n_group, topk_group, True, scale)
 
@@ -65,10 +65,15 @@ def implementations(config, m):
             impls[f"forced {r.name}"] = (
                 lambda x, w, b, name=r.name: kimi_router_ops.ll_bf16_router_with_variant(x, w, b, *route, name)
             )
+    # GEMM rows named on the command line, alone: what the fused rows' GEMM kernels cost.
+    for name in gemm_variants:
+        v = variants.variant(name)
+        if v.m_lo <= m <= v.m_hi and v.n_min <= n <= v.n_max:
+            impls[f"gemm {name}"] = lambda x, w, b, name=name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)
     return impls
 
 
-def run(configs, m_list, replays, rounds):
+def run(configs, m_list, replays, rounds, gemm_variants=()):
     from tqdm import tqdm
 
     node_us = empty_node_us()
@@ -77,7 +82,7 @@ def run(configs, m_list, replays, rounds):
     for config, m in tqdm([(c, m) for c in configs for m in m_list], desc="router", unit="case"):
         n = CONFIGS[config][0]
         x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
-        impls = implementations(config, m)
+        impls = implementations(config, m, gemm_variants)
         samples = {impl: ([], []) for impl in impls}
         placements = []  # kept to the end of the case, so no round reuses another's memory
         # Each round allocates its own weights and biases and captures every
@@ -137,8 +142,10 @@ def main():
     parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--rounds", type=int, default=3,
                         help="fresh graphs per cell, taken in turn; the cell is their median")
+    parser.add_argument("--gemm-variants", nargs="*", default=[], choices=[v.name for v in variants.VARIANTS],
+                        help="GEMM rows to time alone as well, where they serve the case")
     args = parse_bench_args(parser)
-    report = run(args.configs, args.m, args.replays, max(1, args.rounds))
+    report = run(args.configs, args.m, args.replays, max(1, args.rounds), args.gemm_variants)
     save_report(args.out, "router", report, markdown(report))
 
 

@@ -177,6 +177,9 @@ class RouterVariant:
     # Tensor-core rows: each token routed by a warp of the last cluster's CTA that publishes
     # it, not by the m-th CTA from the end (kernels/ll_bf16_router.py, _routing_unit).
     at_publisher: bool = False
+    # At the publisher: warp w of a rank finishes the rank's w-th token itself; False: the
+    # rank's threads finish its outputs in order and a CTA barrier precedes the polls.
+    warp_per_token: bool = True
 
     def __post_init__(self):
         _check_trigger(self)
@@ -199,6 +202,7 @@ class RouterGemm(NamedTuple):
     trigger: str
     bias_prefetch: bool
     at_publisher: bool = False
+    warp_per_token: bool = True
 
 
 # Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N, or one
@@ -255,7 +259,7 @@ ROUTER_GEMMS = (
     RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "before_wait", True, at_publisher=True),
-    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", True, at_publisher=True),
+    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", False, at_publisher=True),
 )
 # Named only, on other GEMM kernels for the M and N of a table row, so that the benchmark
 # keeps showing what each choice is worth: the rows those replaced (the GEMM op's own
@@ -263,6 +267,10 @@ ROUTER_GEMMS = (
 ROUTER_ALTERNATIVES = (
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
     RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
+    # Candidates: Kimi-K3's N on grids of two CTAs an SM (224 CTAs), as the GEMM op's M = 1
+    # dot product is.
+    RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[2:3], False, "before_wait", True),
+    RouterGemm("mma16_t2c8w4u7", 9, 16, ROUTER_N_RANGES[2:3], False, "before_wait", False, at_publisher=True),
 )
 
 
@@ -273,10 +281,16 @@ def _router_rows(table, automatic, suffix=""):
         RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi,
                       n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
-                      bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher)
+                      bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher,
+                      warp_per_token=row.warp_per_token)
         for row in table
         for n_min, n_max in row.n_ranges
     )
+
+
+def _one_tile(gemm):
+    kernel = next(v.kernel for v in VARIANTS if v.name == gemm)
+    return isinstance(kernel, Mma) and kernel.tiles == 1
 
 
 def _m_range(row, n_max):
@@ -298,6 +312,11 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
+    # DeepSeek-V3's N at M = 9..16 at the publisher, each warp finishing its own token.
+    + _router_rows([row._replace(at_publisher=True) for row in ROUTER_GEMMS
+                    if not row.at_publisher and _one_tile(row.gemm) and row.m_lo >= 9], False, "_at_publisher")
+    + _router_rows([row._replace(warp_per_token=False) for row in ROUTER_GEMMS
+                    if row.at_publisher and _one_tile(row.gemm)], False, "_cta_barrier")
 )
 
 
