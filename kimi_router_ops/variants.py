@@ -177,9 +177,6 @@ class RouterVariant:
     # Tensor-core rows: each token routed by a warp of the last cluster's CTA that publishes
     # it, not by the m-th CTA from the end (kernels/ll_bf16_router.py, _routing_unit).
     at_publisher: bool = False
-    # At the publisher: warp w of a rank finishes the rank's w-th token itself; False: the
-    # rank's threads finish its outputs in order and a CTA barrier precedes the polls.
-    warp_per_token: bool = True
 
     def __post_init__(self):
         _check_trigger(self)
@@ -202,7 +199,6 @@ class RouterGemm(NamedTuple):
     trigger: str
     bias_prefetch: bool
     at_publisher: bool = False
-    warp_per_token: bool = True
 
 
 # Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N, or one
@@ -240,13 +236,14 @@ class RouterGemm(NamedTuple):
 # routing warps wait for it at a CTA barrier, and alone there it measured slower.
 # The bias prefetch is on where it measured faster with a cold bias in every run (step 34):
 # the dot products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too),
-# M = 9..16 above 384 experts (Kimi-K3 -0.08 to -0.20, serialized the same), and since step
-# 40 Kimi-K2-sized N at M = 9..16 (-0.10 to -0.18 in six runs) and DeepSeek-V3-sized N at
+# and since step 40 Kimi-K2-sized N at M = 9..16 (-0.10 to -0.18 in six runs) and DeepSeek-V3-sized N at
 # M = 5..8 (-0.06 to -0.07 at M = 8 in six runs; step 42); since step 50 also at M = 3..4,
 # with the routing at the publisher and the earlier trigger (M = 4: 3.45-3.50 us in six
 # runs, against 3.48-3.67 without it; 0.01 slower once, never more). The other tensor-core
 # rows were 0.05-0.18 us slower with it serialized, and back to back from 0.06 faster to
-# 0.18 slower.
+# 0.18 slower. Kimi-K3-sized N at M = 9..16 had it from step 35 (-0.08 to -0.20 then); since
+# the routing moved to the publisher (step 45) it measured 0.05-0.09 us slower in four runs,
+# so since step 53 that row does without.
 # Neither choice changes the results. (What it changes is when the routing warp's polls
 # reach L2, step 41: the bias loads just before them time them.)
 ROUTER_GEMMS = (
@@ -267,10 +264,6 @@ ROUTER_GEMMS = (
 ROUTER_ALTERNATIVES = (
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
     RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
-    # Candidates: Kimi-K3's N on grids of two CTAs an SM (224 CTAs), as the GEMM op's M = 1
-    # dot product is.
-    RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[2:3], False, "before_wait", True),
-    RouterGemm("mma16_t2c8w4u7", 9, 16, ROUTER_N_RANGES[2:3], False, "before_wait", False, at_publisher=True),
 )
 
 
@@ -281,16 +274,10 @@ def _router_rows(table, automatic, suffix=""):
         RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi,
                       n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
-                      bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher,
-                      warp_per_token=row.warp_per_token)
+                      bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher)
         for row in table
         for n_min, n_max in row.n_ranges
     )
-
-
-def _one_tile(gemm):
-    kernel = next(v.kernel for v in VARIANTS if v.name == gemm)
-    return isinstance(kernel, Mma) and kernel.tiles == 1
 
 
 def _m_range(row, n_max):
@@ -312,11 +299,6 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
-    # DeepSeek-V3's N at M = 9..16 at the publisher, each warp finishing its own token.
-    + _router_rows([row._replace(at_publisher=True) for row in ROUTER_GEMMS
-                    if not row.at_publisher and _one_tile(row.gemm) and row.m_lo >= 9], False, "_at_publisher")
-    + _router_rows([row._replace(warp_per_token=False) for row in ROUTER_GEMMS
-                    if row.at_publisher and _one_tile(row.gemm)], False, "_cta_barrier")
 )
 
 

@@ -169,13 +169,9 @@ class LLBf16Mma:
         self.body(xv, wv, out)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None,
-             warp_per_token: cutlass.Constexpr = False):
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
-        handoff buffer, kernels/handoff.py, to publish every logit in as well). With
-        `warp_per_token`, warp w of a CTA finishes the w-th of the tokens the CTA finishes
-        (with one 16-expert tile a CTA, by half its lanes), so that a routing warp at the
-        publisher needs no other warp's stores; the sums are the same."""
+        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks
@@ -290,12 +286,8 @@ class LLBf16Mma:
             cute.arch.cluster_wait()
         for p in cutlass.range_constexpr((share + threads - 1) // threads):
             pos = p * threads + tidx
-            finishes = pos < share
-            if const_expr(warp_per_token):
-                pos = warp * experts + lane
-                finishes = (lane < experts) & (pos < share)
             idx = rank * share + pos
-            if finishes and idx < outputs:
+            if pos < share and idx < outputs:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]

@@ -148,7 +148,7 @@ class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
     def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 at_publisher: bool = False, warp_per_token: bool = True):
+                 at_publisher: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -166,9 +166,6 @@ class LLBf16Router:
             if share == 0 or share % gemm.experts or share // gemm.experts > self.warps:
                 raise ValueError("at_publisher needs a tensor-core GEMM whose ranks finish whole tokens")
             self.tokens_per_rank = share // gemm.experts
-        # At the publisher, warp w finishes the rank's w-th token itself (the GEMM body's
-        # warp_per_token), so its polls wait for no other warp of the CTA.
-        self.warp_per_token = at_publisher and warp_per_token
 
     @cute.jit
     def __call__(
@@ -229,11 +226,8 @@ class LLBf16Router:
         if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
-        if const_expr(self.at_publisher):
-            self.gemm.body(xv, wv, logits, handoff, self.warp_per_token)
-        else:
-            self.gemm.body(xv, wv, logits, handoff)
-        if const_expr(self.at_publisher and self.gemm.experts < WARP and not self.warp_per_token):
+        self.gemm.body(xv, wv, logits, handoff)
+        if const_expr(self.at_publisher and self.gemm.experts < WARP):
             # A warp finishes more than one token: the others' routing warps poll only once
             # it has published them.
             cute.arch.sync_threads()
