@@ -56,7 +56,6 @@ class Mma:
     cluster_k: int
     warps: int
     unroll: int
-    serial_sum: bool = False
     vecs = (8,)  # 16-byte loads only: K % 8 == 0 and 16-byte aligned rows
 
     def prefetch_loads(self) -> int:
@@ -81,8 +80,8 @@ class Variant:
 
 
 def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False,
-         trigger="after_x", serial_sum=False):
-    return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll, serial_sum),
+         trigger="after_x"):
+    return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll),
                    prefetch=prefetch, pdl=True, automatic=automatic, trigger=trigger)
 
 
@@ -148,11 +147,6 @@ VARIANTS = (
     # and DeepSeek-V3-sized at M = 9..16 (ROUTER_GEMMS).
     _mma("mma8_t1c4w8u7", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
     _mma("mma16_t1c4w8u7", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
-    # The automatic tensor-core rows with the cluster's partial sums added one after another.
-    _mma("mma8_t2c4w8u7_serial_sum", 1, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, serial_sum=True),
-    _mma("mma16_t2c4w8u7_before_wait_serial_sum", 9, 16, 385, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
-         trigger="before_wait", serial_sum=True),
-    _mma("mma16_t2c4w8u7_serial_sum", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, serial_sum=True),
 )
 
 

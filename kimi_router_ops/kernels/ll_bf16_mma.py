@@ -48,15 +48,6 @@ def _keep_loads_above(*, loc=None, ip=None):
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
-def _tree_sum(values):
-    """Pairwise sums in a balanced tree, in list order: log2(n) dependent adds."""
-    values = list(values)
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)] + (
-            [values[-1]] if len(values) % 2 else [])
-    return values[0]
-
-
 class LLBf16Mma:
     """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
 
@@ -70,7 +61,6 @@ class LLBf16Mma:
         prefetch: bool,
         pdl: bool,
         trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
-        serial_sum: bool = False,
     ):
         if max_m % TILE_T != 0:
             raise ValueError(f"max_m must be a multiple of {TILE_T}, got {max_m}")
@@ -91,7 +81,6 @@ class LLBf16Mma:
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.trigger = trigger
-        self.serial_sum = serial_sum
 
     def finishing_share(self) -> int:
         """Outputs each CTA of a cluster finishes: rank r sums and stores outputs
@@ -299,14 +288,9 @@ class LLBf16Mma:
             pos = p * threads + tidx
             idx = rank * share + pos
             if pos < share and idx < outputs:
-                if const_expr(self.serial_sum):
-                    total = Float32(0.0)
-                    for s_ in cutlass.range_constexpr(slots):
-                        total = total + mailbox[pos, s_]
-                else:
-                    # A balanced tree in slot order: log2(slots) dependent adds, not slots
-                    # (the tail of every call waits for this sum).
-                    total = _tree_sum([mailbox[pos, s_] for s_ in range(slots)])
+                total = Float32(0.0)
+                for s_ in cutlass.range_constexpr(slots):
+                    total = total + mailbox[pos, s_]
                 self._store(out, handoff, idx, total, expert_first, m_count, n_count)
 
     @cute.jit
