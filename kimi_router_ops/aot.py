@@ -106,8 +106,7 @@ def router_object(router):
 
     gemm = kernel_object(variants.variant(router.gemm), 8, trigger=router.trigger)
     return LLBf16Router(gemm, n_max=router.n_max, exclusive=router.exclusive,
-                        bias_prefetch=router.bias_prefetch, at_publisher=router.at_publisher,
-                        tail_cycles=router.tail_cycles)
+                        bias_prefetch=router.bias_prefetch, at_publisher=router.at_publisher)
 
 
 def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:

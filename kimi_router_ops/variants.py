@@ -9,7 +9,7 @@ Adding a variant is one row here, plus the benchmark number that justifies it
 (docs/benchmarks.md).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple, Union
 
 INT32_MAX = 2**31 - 1
@@ -177,7 +177,6 @@ class RouterVariant:
     # Tensor-core rows: each token routed by a warp of the last cluster's CTA that publishes
     # it, not by the m-th CTA from the end (kernels/ll_bf16_router.py, _routing_unit).
     at_publisher: bool = False
-    tail_cycles: int = 0  # a diagnostic: the routing warp spins this long after its stores
 
     def __post_init__(self):
         _check_trigger(self)
@@ -300,15 +299,6 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
-    # Experiment 55: Kimi-K3 at M = 1 on the GEMM op's dot product (224 CTAs, two an SM).
-    + tuple(replace(r, name=f"{r.name}{suffix}", **change)
-            for r in _router_rows([RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[2:3], False,
-                                              "before_wait", True)], False, "_k3")
-            for suffix, change in (("", {}), ("_tail1000", {"tail_cycles": 1000}),
-                                   ("_after_x", {"trigger": "after_x"}),
-                                   ("_no_bias_prefetch", {"bias_prefetch": False})))
-    + tuple(replace(r, name=f"{r.name}_tail1000", automatic=False, tail_cycles=1000)
-            for r in _router_rows(ROUTER_GEMMS, True) if r.name == "router_mma8_t2c4w8u7_n896")
 )
 
 

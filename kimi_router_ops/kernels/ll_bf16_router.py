@@ -107,17 +107,6 @@ def _prefetch_bulk_l2(address, size, *, loc=None, ip=None):
                     loc=loc, ip=ip)
 
 
-@dsl_user_op
-def _spin_cycles(cycles: int, *, loc=None, ip=None):
-    """Busy-wait `cycles` SM clock cycles (a diagnostic: how much of a longer routing chain
-    the call's time shows)."""
-    llvm.inline_asm(None, [], "{ .reg .u64 t0, t1; .reg .pred p; mov.u64 t0, %clock64;\n"
-                    "SPIN_AGAIN: mov.u64 t1, %clock64; sub.u64 t1, t1, t0;\n"
-                    f"setp.lt.u64 p, t1, {cycles}; @p bra SPIN_AGAIN; }}",
-                    "", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
-
-
 def _umax(a, b):
     return Uint32(cutlass.select_(a > b, a, b))
 
@@ -159,7 +148,7 @@ class LLBf16Router:
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
     def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,
-                 at_publisher: bool = False, tail_cycles: int = 0):
+                 at_publisher: bool = False):
         if n_max > 32 * WARP:
             raise ValueError(f"n_max must be at most {32 * WARP}, got {n_max}")
         self.gemm = gemm
@@ -172,7 +161,6 @@ class LLBf16Router:
         # Token m routed in the CTA of the last cluster that publishes it, by its warp
         # m % tokens_per_rank (tensor-core GEMMs only: _routing_unit).
         self.at_publisher = at_publisher
-        self.tail_cycles = tail_cycles
         if at_publisher:
             share = gemm.finishing_share() if hasattr(gemm, "finishing_share") else 0
             if share == 0 or share % gemm.experts or share // gemm.experts > self.warps:
@@ -338,8 +326,6 @@ class LLBf16Router:
             if lane < top_k:
                 weights[m, lane] = score * scale
                 ids[m, lane] = my_id
-            if const_expr(self.tail_cycles > 0):
-                _spin_cycles(self.tail_cycles)
 
     @cute.jit
     def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice,
