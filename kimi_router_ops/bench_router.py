@@ -4,10 +4,11 @@ For the real router configurations and M = 1..16 this times, the same way as the
 benchmark (one CUDA graph of one call per weight copy, cold L2, median per call; back to
 back and serialized; one bias per weight copy, so the bias is cold too): `ll_bf16_router`;
 `ll_bf16_gemm` alone; `ll_bf16_gemm` followed by the routing as torch ops (the transformers
-formula), eagerly and under `torch.compile`; and each named-only fused router row that can
-serve the case, forced (and, with --gemm-variants, those GEMM rows alone). Each cell is the median of --rounds rounds, taken in turn, each
-on weights and biases of its own (a placement in memory of its own) with fresh captures.
-Writes <out>/router.json and <out>/router.md.
+formula), eagerly and under `torch.compile`; each named-only fused router row that can
+serve the case, forced; and with --gemm-variants, those GEMM rows alone. Each cell is the
+median of --rounds rounds, taken in turn, each on weights and biases of its own (a
+placement in memory of its own) with fresh captures. Writes <out>/router.json and
+<out>/router.md.
 """
 
 import argparse
