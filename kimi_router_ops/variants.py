@@ -241,9 +241,10 @@ class RouterGemm(NamedTuple):
 # step 50 also at M = 3..4, with the routing at the publisher and the earlier trigger
 # (M = 4: 3.45-3.50 us in six runs, against 3.48-3.67 without it; 0.01 slower once, never
 # more). The other tensor-core rows were 0.05-0.18 us slower with it serialized, and back
-# to back from 0.06 faster to 0.18 slower. Kimi-K3-sized N at M = 9..16 had it from step 35 (-0.08 to -0.20 then); since
-# the routing moved to the publisher (step 45) it measured 0.05-0.09 us slower in four runs
-# of six (0.02 and 0.07 faster in the other two), so since step 53 that row does without.
+# to back from 0.06 faster to 0.18 slower. Kimi-K3-sized N at M = 9..16 had it from step
+# 35 (-0.08 to -0.20 then); since the routing moved to the publisher (step 45) it measured
+# 0.05-0.09 us slower in four runs of six (0.02 and 0.07 faster in the other two), so
+# since step 53 that row does without.
 # Neither choice changes the results. (What it changes is when the routing warp's polls
 # reach L2, step 41: the bias loads just before them time them.)
 ROUTER_GEMMS = (
