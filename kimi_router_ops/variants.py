@@ -18,7 +18,7 @@ INT32_MAX = 2**31 - 1
 # own grid-dependency wait ("before_wait"). Either is safe: the next kernel reads nothing
 # of ours before its own wait returns, after our grid has finished. Results do not change;
 # only what the next kernel's weight stream overlaps (docs/benchmarks.md, steps 32-33).
-TRIGGERS = ("after_x", "before_wait")
+TRIGGERS = ("after_x", "before_wait", "at_entry")
 
 
 def _check_trigger(row):
@@ -300,6 +300,13 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
+    # Experiment 56: the next kernel launched at kernel entry, before the weight prefetch.
+    + _router_rows([row._replace(trigger="at_entry") for row in ROUTER_GEMMS if row.trigger == "before_wait"],
+                   False, "_at_entry")
+    + _router_rows([RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[2:3], False, t, True)
+                    for t in ("before_wait",)], False, "_k3")
+    + _router_rows([RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[2:3], False, t, True)
+                    for t in ("at_entry",)], False, "_k3_at_entry")
 )
 
 
