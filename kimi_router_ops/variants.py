@@ -18,7 +18,7 @@ INT32_MAX = 2**31 - 1
 # own grid-dependency wait ("before_wait"). Either is safe: the next kernel reads nothing
 # of ours before its own wait returns, after our grid has finished. Results do not change;
 # only what the next kernel's weight stream overlaps (docs/benchmarks.md, steps 32-33).
-TRIGGERS = ("after_x", "before_wait", "at_entry")
+TRIGGERS = ("after_x", "before_wait")
 
 
 def _check_trigger(row):
@@ -243,8 +243,8 @@ class RouterGemm(NamedTuple):
 # more). The other tensor-core rows were 0.05-0.18 us slower with it serialized, and back
 # to back from 0.06 faster to 0.18 slower. Kimi-K3-sized N at M = 9..16 had it from step
 # 35 (-0.08 to -0.20 then); since the routing moved to the publisher (step 45) it measured
-# 0.05-0.09 us slower in four runs of six (0.02 and 0.07 faster in the other two), so
-# since step 53 that row does without.
+# 0.05-0.09 us slower in four runs of seven and 0.02-0.07 faster in three: within the
+# noise of that cell. Since step 53 that row does without.
 # Neither choice changes the results. (What it changes is when the routing warp's polls
 # reach L2, step 41: the bias loads just before them time them.)
 ROUTER_GEMMS = (
@@ -300,13 +300,6 @@ ROUTER_VARIANTS = (
     + _router_rows(ROUTER_ALTERNATIVES, False)
     + _router_rows([row._replace(at_publisher=False) for row in ROUTER_GEMMS if row.at_publisher],
                    False, "_at_last_ctas")
-    # Experiment 56: the next kernel launched at kernel entry, before the weight prefetch.
-    + _router_rows([row._replace(trigger="at_entry") for row in ROUTER_GEMMS if row.trigger == "before_wait"],
-                   False, "_at_entry")
-    + _router_rows([RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[2:3], False, t, True)
-                    for t in ("before_wait",)], False, "_k3")
-    + _router_rows([RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[2:3], False, t, True)
-                    for t in ("at_entry",)], False, "_k3_at_entry")
 )
 
 

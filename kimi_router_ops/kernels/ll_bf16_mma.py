@@ -223,8 +223,6 @@ class LLBf16Mma:
         # Step 0 is peeled: its loads are all issued before launch_dependents, which the
         # compiler does not move loads across, so the whole step is in flight at once
         # (otherwise it sinks each x load next to its MMA, one L2 round trip after another).
-        if const_expr(self.pdl and self.trigger == "at_entry"):
-            cute.arch.griddepcontrol_launch_dependents()
         columns, padding = self._step_columns(Int32(0), chunk_first, chunk_end, t, kv_count)
         if const_expr(self.prefetch):
             # W never depends on the kernel before us: request the first step's weights now,
