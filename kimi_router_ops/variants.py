@@ -14,11 +14,12 @@ from typing import NamedTuple, Union
 
 INT32_MAX = 2**31 - 1
 # Where a kernel lets the next one launch (PDL's griddepcontrol.launch_dependents): once its
-# first step's loads are issued ("after_x"), or right after its weight prefetch, before its
-# own grid-dependency wait ("before_wait"). Either is safe: the next kernel reads nothing
-# of ours before its own wait returns, after our grid has finished. Results do not change;
-# only what the next kernel's weight stream overlaps (docs/benchmarks.md, steps 32-33).
-TRIGGERS = ("after_x", "before_wait")
+# first step's loads are issued ("after_x"), right after its weight prefetch, before its
+# own grid-dependency wait ("before_wait"), or at kernel entry, before that prefetch
+# ("at_entry"). Each is safe: the next kernel reads nothing of ours before its own wait
+# returns, after our grid has finished. Results do not change; only what the next kernel's
+# weight stream overlaps (docs/benchmarks.md, steps 32-33 and 56).
+TRIGGERS = ("after_x", "before_wait", "at_entry")
 
 
 def _check_trigger(row):
@@ -226,7 +227,9 @@ class RouterGemm(NamedTuple):
 # and -0.24, step 35; the GEMM op's own point there); since step 45 also Kimi-K3 at M = 1..8
 # (-0.03 to -0.08, serialized faster too), Kimi-K2 at M = 9..16 (-0.17) and, with the routing
 # at the publisher, DeepSeek-V3 at M = 3..4 (-0.05 to -0.12); elsewhere it measured slower
-# (steps 32-33 and 45).
+# (steps 32-33 and 45). Kimi-K2 at M = 2..8 lets the next kernel launch earlier still, at
+# kernel entry ("at_entry"): -0.05 to -0.12 against "before_wait" in two runs (step 56);
+# on every other row that was slower (Kimi-K2 at M = 16 +0.15, the others +0.03 to +0.28).
 # The routing warps are the publishers' (at_publisher: token m routed in the last cluster's
 # CTA that finishes it) where that measured faster, twice (step 45): Kimi-K3 at M = 9..16
 # (-0.12 to -0.14), DeepSeek-V3 at M = 3..4 with the earlier trigger (see above) and
@@ -254,7 +257,7 @@ ROUTER_GEMMS = (
     RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "before_wait", False),
     RouterGemm("mma8_t2c4w8u7", 2, 4, ROUTER_N_RANGES[:1], False, "before_wait", True, at_publisher=True),
     RouterGemm("mma8_t2c4w8u7", 5, 8, ROUTER_N_RANGES[:1], False, "after_x", True),
-    RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
+    RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "at_entry", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "before_wait", True, at_publisher=True),
     RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", False, at_publisher=True),
@@ -289,10 +292,13 @@ def _m_range(row, n_max):
 ROUTER_VARIANTS = (
     _router_rows(ROUTER_GEMMS, True)
     # Named twins, so that the benchmark shows what each choice is worth: the "before_wait"
-    # rows with the GEMM op's trigger point, every row with the other bias choice, and the
-    # at_publisher rows routed by the last CTAs.
+    # rows with the GEMM op's trigger point and the "at_entry" row with "before_wait",
+    # every row with the other bias choice, and the at_publisher rows routed by the last
+    # CTAs.
     + _router_rows([row._replace(trigger="after_x") for row in ROUTER_GEMMS if row.trigger == "before_wait"],
                    False, "_after_x")
+    + _router_rows([row._replace(trigger="before_wait") for row in ROUTER_GEMMS if row.trigger == "at_entry"],
+                   False, "_before_wait")
     + _router_rows([row._replace(bias_prefetch=False) for row in ROUTER_GEMMS if row.bias_prefetch],
                    False, "_no_bias_prefetch")
     + _router_rows([row._replace(bias_prefetch=True) for row in ROUTER_GEMMS if not row.bias_prefetch],

@@ -162,7 +162,7 @@ def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
             assert "griddepcontrol" not in ptx
             continue
         before_wait, _, after_wait = ptx.partition("griddepcontrol.wait")
-        signal = before_wait if v.trigger == "before_wait" else after_wait
+        signal = after_wait if v.trigger == "after_x" else before_wait
         assert "griddepcontrol.launch_dependents" in signal, v.name
         loads = global_loads_before_wait(ptx)
         if v.prefetch:
@@ -251,11 +251,31 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
         ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
         weights = 2 * v.kernel.tiles * v.kernel.unroll
         tokens = (v.m_hi // 8) * v.kernel.unroll
-        for mark, loads in (("mma.sync", weights + tokens),
-                            ("griddepcontrol.launch_dependents",
-                             weights if v.trigger == "before_wait" else weights + tokens)):
+        signal_after = {"at_entry": 0, "before_wait": weights, "after_x": weights + tokens}[v.trigger]
+        for mark, loads in (("mma.sync", weights + tokens), ("griddepcontrol.launch_dependents", signal_after)):
             head = ptx.partition(mark)[0]
             assert len(re.findall(r"ld\.global\.v4", head)) == loads, (v.name, mark)
+
+
+@requires_cuda_build
+@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+def test_ptx_fused_router_signals_the_next_kernel_where_its_row_says(arch):
+    """launch_dependents once: at kernel entry (before any global load), after the weight
+    prefetch and before the PDL wait, or after the wait and the first step's loads."""
+    for r, dt, a, _ in variants.compiled_router_kernels():
+        if a != arch:
+            continue
+        ptx = ptx_body(variants.router_kernel_symbol(r, dt, arch), arch)
+        assert ptx.count("griddepcontrol.launch_dependents") == 1, r.name
+        head = ptx.partition("griddepcontrol.launch_dependents")[0]
+        gemm = variants.variant(r.gemm)
+        prefetched = gemm.kernel.prefetch_loads() if gemm.prefetch else 0
+        if r.trigger == "after_x":
+            assert "griddepcontrol.wait" in head, r.name
+        else:
+            assert "griddepcontrol.wait" not in head, r.name
+            expected = 0 if r.trigger == "at_entry" else prefetched
+            assert len(re.findall(r"ld\.global[.\w]*\s", head)) == expected, r.name
 
 
 @requires_cuda_build

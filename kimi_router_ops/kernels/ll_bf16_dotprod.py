@@ -143,6 +143,9 @@ class LLBf16Dotprod:
         w_rows = [cutlass.min(n_first + r, n_count - 1) for r in range(rows)]
         x_rows = [cutlass.min(Int32(m), m_count - 1) for m in range(max_m)]
 
+        if const_expr(self.pdl and self.trigger == "at_entry"):
+            # As safe as later (below); the next kernel's CTAs start before our weight loads.
+            cute.arch.griddepcontrol_launch_dependents()
         if const_expr(self.prefetch):
             # W does not depend on the kernel before us: issue the first step's weight loads
             # now, so they travel from HBM while we wait for hidden_states to be written.

@@ -220,6 +220,11 @@ class LLBf16Mma:
             # now, wait just before the first remote store (long satisfied by then).
             cute.arch.cluster_arrive_relaxed()
 
+        if const_expr(self.pdl and self.trigger == "at_entry"):
+            # As safe as later (below); the next kernel's CTAs start before our weight loads,
+            # which measured faster for Kimi-K2-sized N on the one-tile kernel at M = 2..8
+            # (docs/benchmarks.md, step 56).
+            cute.arch.griddepcontrol_launch_dependents()
         # Step 0 is peeled: its loads are all issued before launch_dependents, which the
         # compiler does not move loads across, so the whole step is in flight at once
         # (otherwise it sinks each x load next to its MMA, one L2 round trip after another).
