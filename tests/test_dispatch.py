@@ -246,7 +246,7 @@ def test_ptx_cluster_protocol_of_the_tensor_core_kernels():
 def test_ptx_first_step_loads_all_issue_before_the_first_mma():
     """Every load of the first step (weights and tokens) precedes the first MMA, so the
     whole step is in flight at once; launch_dependents comes after all of them, or, in the
-    "before_wait" rows, after the weight loads alone."""
+    "before_wait" rows, after the weight loads alone ("at_entry": before any)."""
     for v, vec, dt in mma_kernels():
         ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
         weights = 2 * v.kernel.tiles * v.kernel.unroll
