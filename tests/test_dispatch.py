@@ -143,8 +143,8 @@ def ptx_body(symbol, arch):
     return (AOT_DIR / arch / f"{symbol}.ptx").read_text()
 
 
-def global_loads_before_wait(ptx, mark="griddepcontrol.wait"):
-    """Global loads that precede `mark` (the PDL wait) in program order."""
+def global_loads_before(ptx, mark="griddepcontrol.wait"):
+    """Global loads that precede `mark` (by default the PDL wait) in program order."""
     head, sep, _ = ptx.partition(mark)
     assert sep, f"no {mark}"
     return re.findall(r"ld\.global[.\w]*\s", head)
@@ -164,7 +164,7 @@ def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
         before_wait, _, after_wait = ptx.partition("griddepcontrol.wait")
         signal = after_wait if v.trigger == "after_x" else before_wait
         assert "griddepcontrol.launch_dependents" in signal, v.name
-        loads = global_loads_before_wait(ptx)
+        loads = global_loads_before(ptx)
         if v.prefetch:
             # Exactly the first step of weight loads (one per vector), 16 bytes wide at vec 8.
             assert len(loads) == v.kernel.prefetch_loads(), loads
@@ -205,7 +205,7 @@ def test_ptx_norm_kernels_signal_at_entry_and_read_only_their_weight_before_the_
         ptx = ptx_body(variants.norm_kernel_symbol(norm, arch), arch)
         head = ptx.partition("griddepcontrol.wait")[0]
         assert "griddepcontrol.launch_dependents" in head
-        assert len(global_loads_before_wait(ptx)) == norm.unroll
+        assert len(global_loads_before(ptx)) == norm.unroll
         params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
         assert "2" in params.values(), params
         loaded = re.findall(r"ld\.global[.\w]*\s+(?:\{[^}]*\}|%[\w]+), \[(%rd\d+)\];", head)
@@ -274,7 +274,7 @@ def test_ptx_fused_router_signals_the_next_kernel_where_its_row_says(arch):
             assert "griddepcontrol.wait" in head, r.name
         else:
             assert "griddepcontrol.wait" not in head, r.name
-            loads = global_loads_before_wait(ptx, mark="griddepcontrol.launch_dependents")
+            loads = global_loads_before(ptx, "griddepcontrol.launch_dependents")
             assert len(loads) == (0 if r.trigger == "at_entry" else prefetched), r.name
 
 
@@ -312,7 +312,7 @@ def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
         head = ptx.partition("griddepcontrol.wait")[0]
         assert ptx.count("prefetch") == head.count("cp.async.bulk.prefetch.L2.global [") == int(r.bias_prefetch)
         gemm = variants.variant(r.gemm)
-        assert len(global_loads_before_wait(ptx)) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0)
+        assert len(global_loads_before(ptx)) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0)
         if r.bias_prefetch:
             params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
             bias = next(reg for reg, p in params.items() if p == "2")
