@@ -312,10 +312,8 @@ class LLBf16Mma:
 
     @cute.jit
     def _store(self, out, handoff, idx, total, token_first, expert_first, m_count, n_count):
-        token = idx // self.experts  # of this CTA's tokens
+        token = token_first + idx // self.experts
         expert = expert_first + idx - token * self.experts
-        if const_expr(self.token_split > 1):
-            token = token_first + token
         if token < m_count and expert < n_count:
             out[token, expert] = total.to(out.element_type)
             if const_expr(handoff is not None):
