@@ -51,14 +51,12 @@ class Dotprod:
 class Mma:
     """Tensor cores (kernels/ll_bf16_mma.py): `tiles` 16-expert tiles per CTA, K split over
     the `cluster_k` CTAs of a cluster and the `warps` warps of each, `unroll` 32-element
-    chunks per warp and step; the token bucket split over `token_split` CTAs (grid z), each
-    streaming the same weights."""
+    chunks per warp and step."""
 
     tiles: int
     cluster_k: int
     warps: int
     unroll: int
-    token_split: int = 1
     vecs = (8,)  # 16-byte loads only: K % 8 == 0 and 16-byte aligned rows
 
     def prefetch_loads(self) -> int:
@@ -83,8 +81,8 @@ class Variant:
 
 
 def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False,
-         trigger="after_x", token_split=1):
-    return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll, token_split),
+         trigger="after_x"):
+    return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll),
                    prefetch=prefetch, pdl=True, automatic=automatic, trigger=trigger)
 
 
@@ -150,12 +148,6 @@ VARIANTS = (
     # and DeepSeek-V3-sized at M = 9..16 (ROUTER_GEMMS).
     _mma("mma8_t1c4w8u7", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
     _mma("mma16_t1c4w8u7", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
-    # M = 9..16 as two grids of the M = 2..8 kernel in one launch (grid z): each CTA takes 8
-    # tokens, and the two CTAs of a tile read the same weights, the second mostly from L2.
-    # The 16-token kernels cost 0.5-0.9 us more than the 8-token ones at any N
-    # (results/sweep-h200-4040f7c.md); the same arithmetic, token by token.
-    _mma("mma16x2_t2c4w8u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, token_split=2),
-    _mma("mma16x2_t1c4w8u7", 9, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7, token_split=2),
 )
 
 
@@ -276,10 +268,6 @@ ROUTER_GEMMS = (
 ROUTER_ALTERNATIVES = (
     RouterGemm("mma8_t2c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False),
     RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:2], False, "after_x", False),
-    RouterGemm("mma16x2_t2c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
-    RouterGemm("mma16x2_t2c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "before_wait", True),
-    RouterGemm("mma16x2_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
-    RouterGemm("mma16x2_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:3], False, "before_wait", False),
 )
 
 

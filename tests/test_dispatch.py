@@ -250,7 +250,7 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
     for v, vec, dt in mma_kernels():
         ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
         weights = 2 * v.kernel.tiles * v.kernel.unroll
-        tokens = (v.m_hi // (8 * v.kernel.token_split)) * v.kernel.unroll
+        tokens = (v.m_hi // 8) * v.kernel.unroll
         signal_after = {"at_entry": 0, "before_wait": weights, "after_x": weights + tokens}[v.trigger]
         for mark, loads in (("mma.sync", weights + tokens), ("griddepcontrol.launch_dependents", signal_after)):
             head = ptx.partition(mark)[0]

@@ -185,19 +185,6 @@ def test_one_tile_tensor_core_kernels_sum_as_the_two_tile_ones(tokens):
             assert torch.equal(one, two), (n, m)
 
 
-@requires_kernel_gpu
-@pytest.mark.parametrize("tiles", [1, 2])
-def test_token_split_kernels_sum_as_the_sixteen_token_one(tiles):
-    """The 16-token bucket split over two CTAs (grid z) gives each token the sums of the
-    16-token kernel, bit for bit: every M of the bucket, one block or both, tails of N."""
-    for n in (8, 200, 256, 300, 384, 1000):
-        for m in range(1, 17):
-            x, w, _ = make_case(m, n, 7168, 1, 1, 1, None, "cuda", seed=n * m)
-            split = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, f"mma16x2_t{tiles}c4w8u7")
-            whole = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "mma16_t2c4w8u7")
-            assert torch.equal(split, whole), (n, m)
-
-
 @pytest.mark.parametrize("config", list(MODEL_CONFIGS))
 def test_model_configs_are_fused_up_to_16_tokens(config):
     n, top_k, n_group, topk_group, _ = MODEL_CONFIGS[config]

@@ -61,10 +61,9 @@ class LLBf16Mma:
         prefetch: bool,
         pdl: bool,
         trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
-        token_split: int = 1,
     ):
-        if max_m % (TILE_T * token_split) != 0:
-            raise ValueError(f"max_m must be a multiple of {TILE_T * token_split}, got {max_m}")
+        if max_m % TILE_T != 0:
+            raise ValueError(f"max_m must be a multiple of {TILE_T}, got {max_m}")
         if prefetch and not pdl:
             raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
         self.max_m = max_m
@@ -77,12 +76,8 @@ class LLBf16Mma:
         self.threads = warps * cute.arch.WARP_SIZE
         self.ctas_per_sm = 1  # about 200 registers a thread (ptxas), 8 warps
         self.experts = TILE_E * tiles  # experts per CTA
-        # Tokens per CTA: with token_split > 1 the grid's z blocks each take cta_tokens of
-        # the M tokens and stream the same weights (read from HBM once, the rest from L2).
-        self.token_split = token_split
-        self.cta_tokens = max_m // token_split
-        self.token_blocks = self.cta_tokens // TILE_T
-        self.outputs = self.experts * self.cta_tokens  # partial sums per CTA
+        self.token_blocks = max_m // TILE_T
+        self.outputs = self.experts * max_m  # partial sums per CTA
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.trigger = trigger
@@ -104,19 +99,15 @@ class LLBf16Mma:
         stream: cuda.CUstream,
     ):
         xv, wv = self.vector_views(x, w)
-        self.kernel(xv, wv, out).launch(**self.launch_shape(x.shape[0], w.shape[0]), stream=stream, use_pdl=self.pdl)
+        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0]), stream=stream, use_pdl=self.pdl)
 
     def vector_views(self, x, w):
         return cute.logical_divide(x, (None, 8)), cute.logical_divide(w, (None, 8))
 
-    def launch_shape(self, m, n):
-        """Grid, block, cluster and shared memory for M tokens and N experts (the fused
-        router reuses it): grid z is the token blocks of `token_split`."""
-        blocks = 1
-        if const_expr(self.token_split > 1):
-            blocks = (m + self.cta_tokens - 1) // self.cta_tokens
+    def launch_shape(self, n):
+        """Grid, block, cluster and shared memory for N experts (the fused router reuses it)."""
         return dict(
-            grid=[self.cluster_k, (n + self.experts - 1) // self.experts, blocks],
+            grid=[self.cluster_k, (n + self.experts - 1) // self.experts, 1],
             block=[self.threads, 1, 1],
             cluster=[self.cluster_k, 1, 1],
             smem=self.smem_bytes(),
@@ -191,10 +182,7 @@ class LLBf16Mma:
         cluster_k: cutlass.Constexpr = self.cluster_k
 
         tidx, _, _ = cute.arch.thread_idx()
-        rank, tile, block = cute.arch.block_idx()  # grid x = the cluster: rank in it
-        token_first = 0
-        if const_expr(self.token_split > 1):
-            token_first = block * self.cta_tokens
+        rank, tile, _ = cute.arch.block_idx()  # grid x = the cluster: rank in it
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         g = lane // 4
@@ -217,7 +205,7 @@ class LLBf16Mma:
             cutlass.min(expert_first + TILE_E * (i // 2) + 8 * (i % 2) + g, n_count - 1)
             for i in range(tiles * 2)
         ]
-        x_rows = [cutlass.min(token_first + TILE_T * b + g, m_count - 1) for b in range(token_blocks)]
+        x_rows = [cutlass.min(TILE_T * b + g, m_count - 1) for b in range(token_blocks)]
 
         w_regs = cute.make_rmem_tensor((8, unroll, tiles * 2), BFloat16)
         x_regs = cute.make_rmem_tensor((8, unroll, token_blocks), BFloat16)
@@ -308,11 +296,11 @@ class LLBf16Mma:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
-                self._store(out, handoff, idx, total, token_first, expert_first, m_count, n_count)
+                self._store(out, handoff, idx, total, expert_first, m_count, n_count)
 
     @cute.jit
-    def _store(self, out, handoff, idx, total, token_first, expert_first, m_count, n_count):
-        token = token_first + idx // self.experts
+    def _store(self, out, handoff, idx, total, expert_first, m_count, n_count):
+        token = idx // self.experts
         expert = expert_first + idx - token * self.experts
         if token < m_count and expert < n_count:
             out[token, expert] = total.to(out.element_type)

@@ -163,10 +163,8 @@ class LLBf16Router:
         self.at_publisher = at_publisher
         if at_publisher:
             share = gemm.finishing_share() if hasattr(gemm, "finishing_share") else 0
-            split = getattr(gemm, "token_split", 1) > 1
-            if split or share == 0 or share % gemm.experts or share // gemm.experts > self.warps:
-                raise ValueError("at_publisher needs a tensor-core GEMM whose ranks finish whole tokens, "
-                                 "all M of them")
+            if share == 0 or share % gemm.experts or share // gemm.experts > self.warps:
+                raise ValueError("at_publisher needs a tensor-core GEMM whose ranks finish whole tokens")
             self.tokens_per_rank = share // gemm.experts
 
     @cute.jit
@@ -188,7 +186,7 @@ class LLBf16Router:
         stream: cuda.CUstream,
     ):
         xv, wv = self.gemm.vector_views(x, w)
-        shape = self.gemm.launch_shape(x.shape[0], w.shape[0])
+        shape = self.gemm.launch_shape(w.shape[0])
         # The routing's scratch, after the GEMM's own shared memory.
         shape["smem"] += 4 * SCRATCH_ROWS * WARP * self.warps + 16
         # As many CTAs per SM as the GEMM kernel alone gets: the routing's registers must not
