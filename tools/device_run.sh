@@ -35,9 +35,10 @@ for step in "$@"; do
       # over 7 minutes, so it takes one shape per tail kind (K tail, N tail, odd K, real).
       for tool in memcheck racecheck synccheck initcheck; do
         shapes=(); [ $tool = racecheck ] && shapes=(--shapes 17,40 895,1000 3,7169 896,7168)
-        ( compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize.py "${shapes[@]}" \
-            >"/tmp/sanitize-$tool.log" 2>&1
-          echo "compute-sanitizer $tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards' "/tmp/sanitize-$tool.log") clean summaries): $(grep -E 'SUMMARY|kernel calls' "/tmp/sanitize-$tool.log" | tr '\n' ' ')" ) &
+        # Each tool's whole log comes back in $out: a failure is read there, not guessed.
+        log="$out/sanitize-$tool.log"
+        ( compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize.py "${shapes[@]}" >"$log" 2>&1
+          echo "compute-sanitizer $tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards' "$log") clean summaries): $(grep -E 'SUMMARY|kernel calls' "$log" | tr '\n' ' ')" ) &
       done > "$out/sanitize.txt"
       wait
       cat "$out/sanitize.txt"
