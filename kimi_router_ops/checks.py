@@ -1,7 +1,7 @@
-"""How far a GEMM output is from the exact product, on the scale of fp32 rounding.
-
-The tests (tests/conftest.py) and tools/sanitize.py hold every kernel to one bound with it:
-1e-5 of sum_k |x_k w_k| for fp32 outputs.
+"""Judging results, shared by the tests and tools/sanitize.py: how far a GEMM output is from
+the exact product, on the scale of fp32 rounding (every kernel is held to 1e-5 of
+sum_k |x_k w_k| for fp32 outputs), and the router's float64 reference with the near-ties
+that may change which experts it picks.
 """
 
 import torch
@@ -18,3 +18,33 @@ def dot_error(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
     x, w = x.double().cpu(), w.double().cpu()
     magnitude = x.abs() @ w.abs().t()
     return ((out - x @ w.t()).abs() / magnitude.clamp_min(1e-300)).max().item()
+
+
+NEAR = 1e-6  # two candidates closer than this at a cut may be chosen either way
+
+
+def reference_router(x, w, bias, top_k, n_group, topk_group, renormalize, scale):
+    """DeepseekV3TopkRouter.forward (transformers 5.x) in float64: weights, ids, logits, and
+    the masked choice values and group scores (for judging near-ties)."""
+    logits = x.double().cpu() @ w.double().cpu().t()
+    scores = logits.sigmoid()
+    choice = scores + (bias.double().cpu() if bias is not None else 0.0)
+    m, n = logits.shape
+    grouped = choice.view(m, n_group, n // n_group)
+    group_scores = grouped.topk(min(2, n // n_group), dim=-1)[0].sum(-1)
+    group_idx = group_scores.topk(topk_group, dim=-1)[1]
+    kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
+    masked = grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view(m, n)
+    ids = masked.topk(top_k, dim=-1)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scale, ids, logits, masked, group_scores
+
+
+def near_tie(values, k):
+    """True when the k-th and (k+1)-th largest of `values` are closer than NEAR."""
+    if k >= values.numel():
+        return False
+    top = values.topk(k + 1)[0]
+    return bool(top[k - 1] - top[k] < NEAR)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import kimi_router_ops
 from kimi_router_ops import variants
+from kimi_router_ops.checks import NEAR, near_tie, reference_router
 from conftest import HAS_CUDA, dot_error, random_bf16, requires_kernel_gpu
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
@@ -18,36 +19,6 @@ MODEL_CONFIGS = {
     "kimi-k2": (384, 8, 1, 1, 2.827),
     "kimi-k3": (896, 16, 1, 1, 1.0),
 }
-NEAR = 1e-6  # two candidates closer than this at a cut may be chosen either way
-
-
-def reference_router(x, w, bias, top_k, n_group, topk_group, renormalize, scale):
-    """DeepseekV3TopkRouter.forward (transformers 5.x) in float64: weights, ids, logits, and
-    the masked choice values and group scores (for judging near-ties)."""
-    logits = x.double().cpu() @ w.double().cpu().t()
-    scores = logits.sigmoid()
-    choice = scores + (bias.double().cpu() if bias is not None else 0.0)
-    m, n = logits.shape
-    grouped = choice.view(m, n_group, n // n_group)
-    group_scores = grouped.topk(min(2, n // n_group), dim=-1)[0].sum(-1)
-    group_idx = group_scores.topk(topk_group, dim=-1)[1]
-    kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
-    masked = grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view(m, n)
-    ids = masked.topk(top_k, dim=-1)[1]
-    weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return weights * scale, ids, logits, masked, group_scores
-
-
-def near_tie(values, k):
-    """True when the k-th and (k+1)-th largest of `values` are closer than NEAR."""
-    if k >= values.numel():
-        return False
-    top = values.topk(k + 1)[0]
-    return bool(top[k - 1] - top[k] < NEAR)
-
-
 def check_router(out, x, w, bias, top_k, n_group, topk_group, renormalize, scale):
     weights, ids, logits = out
     m, n = x.shape[0], w.shape[0]
