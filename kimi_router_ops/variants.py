@@ -57,10 +57,6 @@ class Mma:
     cluster_k: int
     warps: int
     unroll: int
-    # Diagnostic only (step 58): the first step's token loads before the PDL wait too. Wrong
-    # behind a producer; in the benchmark x never changes, so it shows what the token loads
-    # after the wait cost.
-    x_early: bool = False
     vecs = (8,)  # 16-byte loads only: K % 8 == 0 and 16-byte aligned rows
 
     def prefetch_loads(self) -> int:
@@ -152,9 +148,6 @@ VARIANTS = (
     # and DeepSeek-V3-sized at M = 9..16 (ROUTER_GEMMS).
     _mma("mma8_t1c4w8u7", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
     _mma("mma16_t1c4w8u7", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
-    *(Variant(f"{name}_x_early", 1, m_hi, 1, INT32_MAX, Mma(tiles, 4, 8, 7, x_early=True), prefetch=True, pdl=True,
-              automatic=False)
-      for name, m_hi, tiles in (("mma8_t2c4w8u7", 8, 2), ("mma16_t2c4w8u7", 16, 2), ("mma16_t1c4w8u7", 16, 1))),
 )
 
 

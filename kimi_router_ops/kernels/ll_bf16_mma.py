@@ -61,7 +61,6 @@ class LLBf16Mma:
         prefetch: bool,
         pdl: bool,
         trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
-        x_early: bool = False,  # diagnostic: token loads before the PDL wait (variants.Mma)
     ):
         if max_m % TILE_T != 0:
             raise ValueError(f"max_m must be a multiple of {TILE_T}, got {max_m}")
@@ -82,7 +81,6 @@ class LLBf16Mma:
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.trigger = trigger
-        self.x_early = x_early
 
     def finishing_share(self) -> int:
         """Outputs each CTA of a cluster finishes: rank r sums and stores outputs
@@ -235,8 +233,6 @@ class LLBf16Mma:
             # W never depends on the kernel before us: request the first step's weights now,
             # so they travel from HBM while that kernel finishes writing hidden_states.
             self._load_weights(wv, w_regs, w_rows, columns)
-        if const_expr(self.x_early):
-            self._load_tokens(xv, x_regs, x_rows, columns)
         if const_expr(self.pdl and self.trigger == "before_wait"):
             # As safe as after the x loads (below), and the next kernel's CTAs get going
             # sooner: in some fused router rows that keeps their weight stream out of the
@@ -247,8 +243,7 @@ class LLBf16Mma:
             cute.arch.griddepcontrol_wait()
         if const_expr(not self.prefetch):
             self._load_weights(wv, w_regs, w_rows, columns)
-        if const_expr(not self.x_early):
-            self._load_tokens(xv, x_regs, x_rows, columns)
+        self._load_tokens(xv, x_regs, x_rows, columns)
         if const_expr(self.pdl and self.trigger == "after_x"):
             # Safe this early: a dependent cannot read our output before its own wait returns,
             # which is after this grid has finished; meanwhile it can stream its weights.
