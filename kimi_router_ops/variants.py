@@ -272,10 +272,13 @@ ROUTER_ALTERNATIVES = ()
 # Kimi-K2-sized N at M = 2..8 at the previous trigger point ("before_wait"): 0.05-0.12 us
 # slower in two runs, 0.03-0.04 faster in a third (steps 56-57). Kimi-K3-sized N at
 # M = 9..16 with the bias prefetch: 0.02 us slower on average over seven runs (step 53).
+def _table_row(gemm, m_lo):
+    return next(row for row in ROUTER_GEMMS if (row.gemm, row.m_lo) == (gemm, m_lo))
+
+
 ROUTER_TWINS = (
-    (RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "before_wait", False), "_before_wait"),
-    (RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:3], False, "before_wait", True, at_publisher=True),
-     "_bias_prefetch"),
+    (_table_row("mma8_t1c4w8u7", 2)._replace(trigger="before_wait"), "_before_wait"),
+    (_table_row("mma16_t2c4w8u7", 9)._replace(n_ranges=ROUTER_N_RANGES[2:3], bias_prefetch=True), "_bias_prefetch"),
 )
 
 
