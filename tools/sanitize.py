@@ -80,7 +80,7 @@ def main():
                     same = (got_ids == ref_sorted).all(1)
                     tied = torch.tensor([near_tie(group_scores[t], topk_group) or near_tie(masked[t], top_k)
                                          for t in range(m)])
-                    got_w, ref_w = weights.cpu().gather(1, got_order), ref_weights.gather(1, ref_order)
+                    got_w, ref_w = weights.cpu().double().gather(1, got_order), ref_weights.gather(1, ref_order)
                     if not (same | tied).all() or not torch.allclose(got_w[same], ref_w[same], rtol=1e-5):
                         print(f"{r.name} m={m} n={n} top_k={top_k} groups={n_group}/{topk_group} "
                               f"bias={None if bias is None else bias.dtype}: routing differs from the float64 reference")
