@@ -269,13 +269,16 @@ ROUTER_GEMMS = (
 # (docs/benchmarks.md, steps 33-57 for the numbers, "Named rows" for the list): each router
 # kernel costs about 4 s a bias dtype and arch to compile, most of the build.
 ROUTER_ALTERNATIVES = ()
-# Kimi-K2-sized N at M = 2..8 at the previous trigger point ("before_wait"): 0.05-0.12 us
-# slower in two runs, 0.03-0.04 faster in a third (steps 56-57). Kimi-K3-sized N at
-# M = 9..16 with the bias prefetch: 0.02 us slower on average over seven runs (step 53).
+
+
 def _table_row(gemm, m_lo):
     return next(row for row in ROUTER_GEMMS if (row.gemm, row.m_lo) == (gemm, m_lo))
 
 
+# Kimi-K2-sized N at M = 2..8 at the previous trigger point ("before_wait"): 0.05-0.12 us
+# slower in two runs, 0.03-0.05 faster in three (steps 56-57, the runs of bfc9b5d and
+# eb9f4c5). Kimi-K3-sized N at M = 9..16 with the bias prefetch: from 0.09 us slower to 0.10
+# faster in nine runs, the same on average (step 53, the same two runs).
 ROUTER_TWINS = (
     (_table_row("mma8_t1c4w8u7", 2)._replace(trigger="before_wait"), "_before_wait"),
     (_table_row("mma16_t2c4w8u7", 9)._replace(n_ranges=ROUTER_N_RANGES[2:3], bias_prefetch=True), "_bias_prefetch"),
