@@ -63,7 +63,7 @@ def extension():
     generated.mkdir(parents=True, exist_ok=True)
     variants.write_variant_table_header(str(generated / "kimi_variant_table.h"))
     # relative to setup.py
-    sources = ["csrc/ll_bf16_gemm.cpp", "csrc/ll_bf16_router.cpp", "csrc/rms_norm.cpp"]
+    sources = ["csrc/ll_bf16_gemm.cpp", "csrc/ll_bf16_router.cpp", "csrc/moe_routing.cpp", "csrc/rms_norm.cpp"]
     include_dirs = [str(ROOT / "csrc"), str(generated)]
     cxx_flags = ["-O2"]
     if not cuda_build_wanted():

@@ -50,6 +50,26 @@ struct CompiledRouterKernel {
   RouterLaunchFn launch;
 };
 
+// The routing op's arguments (kernels/moe_routing.py): logits [M, N], bias [1, N], weights
+// and ids [M, top_k].
+struct RoutingArgs {
+  TensorArg logits, bias, weights, ids;
+  int32_t top_k, n_group, topk_group, renormalize, has_bias;
+  float scaling;
+};
+
+using RoutingLaunchFn = int32_t (*)(RoutingArgs* args, cudaStream_t stream);
+
+struct CompiledRoutingKernel {
+  const char* symbol;
+  int n_min, n_max;  // the experts it routes
+  c10::ScalarType logits_dtype, bias_dtype;
+  int sm;
+  ModuleFn init;
+  ModuleFn load_to_device;
+  RoutingLaunchFn launch;
+};
+
 // The norm kernels' arguments (kernels/rms_norm.py): x, residual, out, residual_out are
 // [M, K]; weight is [1, K]. rms_norm passes x as residual and out as residual_out (unused).
 struct NormArgs {

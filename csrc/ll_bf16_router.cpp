@@ -11,9 +11,9 @@
 //             routed_scaling_factor
 //
 // This file has the schema, the input contract, the choice of fused kernel and the
-// reference: the GEMM op, then the routing as ATen ops. The CPU runs the reference; CUDA
-// (csrc/cuda/ll_bf16_router_cuda.cpp) runs one fused kernel where a row of the router table
-// applies, and the reference otherwise.
+// reference: the GEMM op, then the routing op's reference (csrc/moe_routing.cpp). The CPU
+// runs the reference; CUDA (csrc/cuda/ll_bf16_router_cuda.cpp) runs one fused kernel where
+// a row of the router table applies, and otherwise the GEMM op, then the routing kernel.
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -28,6 +28,7 @@
 #include "kimi_variant_table.h"
 #include "ll_bf16_gemm.h"
 #include "ll_bf16_router.h"
+#include "moe_routing.h"
 
 namespace kimi {
 
@@ -39,29 +40,8 @@ void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
                          const std::optional<at::Tensor>& bias, int64_t top_k, int64_t n_group,
                          int64_t topk_group) {
   check_inputs(x, w, at::kFloat, kOp);
-  const int64_t N = w.size(0);
-  TORCH_CHECK_VALUE(n_group >= 1 && N % n_group == 0, kOp,
-                    ": n_group must divide the number of experts, got n_group=", n_group,
-                    " and N=", N);
-  TORCH_CHECK_VALUE(topk_group >= 1 && topk_group <= n_group, kOp,
-                    ": topk_group must be in [1, n_group=", n_group, "], got ", topk_group);
-  TORCH_CHECK_VALUE(n_group == 1 || N / n_group >= 2, kOp,
-                    ": with n_group > 1 each group needs at least 2 experts (a group's score is "
-                    "the sum of its two best), got N=", N, " and n_group=", n_group);
-  const int64_t kept = topk_group * (N / n_group);
-  TORCH_CHECK_VALUE(top_k >= 1 && top_k <= kept, kOp,
-                    ": top_k must be in [1, experts in the kept groups=", kept, "], got ", top_k);
-  if (bias.has_value()) {
-    const at::Tensor& b = *bias;
-    TORCH_CHECK_TYPE(b.scalar_type() == at::kFloat || b.scalar_type() == at::kBFloat16, kOp,
-                     ": e_score_correction_bias must be torch.float32 or torch.bfloat16, got ",
-                     dtype_name(b.scalar_type()));
-    TORCH_CHECK_VALUE(b.dim() == 1 && b.size(0) == N, kOp,
-                      ": e_score_correction_bias must have shape [N]=[", N, "], got ", b.sizes());
-    TORCH_CHECK(b.device() == w.device(), kOp,
-                ": e_score_correction_bias must be on the device of router_weight, got ",
-                b.device(), " and ", w.device());
-  }
+  check_routing_args(kOp, w.size(0), w.device(), "router_weight", bias, top_k, n_group,
+                     topk_group);
 }
 
 std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_t K,
@@ -108,57 +88,13 @@ const RouterRow& router_row_by_name(const std::string& name) {
                     "'; expected one of:", names.str());
 }
 
-namespace {
-
-// Indices of the k largest values along the last dimension, largest first; equal values in
-// index order. A stable descending sort gives exactly that tie rule.
-at::Tensor top_indices(const at::Tensor& values, int64_t k) {
-  return std::get<1>(at::sort(values, /*stable=*/true, /*dim=*/-1, /*descending=*/true))
-      .narrow(-1, 0, k);
-}
-
-std::tuple<at::Tensor, at::Tensor> route(const at::Tensor& logits,
-                                         const std::optional<at::Tensor>& bias, int64_t top_k,
-                                         int64_t n_group, int64_t topk_group, bool renormalize,
-                                         double routed_scaling_factor) {
-  const int64_t M = logits.size(0), N = logits.size(1);
-  const at::Tensor scores = logits.sigmoid();
-  at::Tensor choice = bias.has_value() ? scores + bias->to(at::kFloat) : scores;
-  if (topk_group < n_group) {
-    const at::Tensor grouped = choice.view({M, n_group, N / n_group});
-    const at::Tensor group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);
-    const at::Tensor kept = at::zeros_like(group_scores, at::kBool)
-                                .scatter_(1, top_indices(group_scores, topk_group), true);
-    choice = grouped.masked_fill(kept.logical_not().unsqueeze(-1),
-                                 -std::numeric_limits<float>::infinity())
-                 .view({M, N});
-  }
-  const at::Tensor ids = top_indices(choice, top_k);
-  at::Tensor weights = scores.gather(1, ids);
-  if (renormalize) {
-    weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
-  }
-  return {weights * routed_scaling_factor, ids.to(at::kInt)};
-}
-
-}  // namespace
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_reference(
-    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
-    double routed_scaling_factor) {
+at::Tensor ll_bf16_gemm_logits(const at::Tensor& x, const at::Tensor& w) {
   static const auto gemm = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("kimi::ll_bf16_gemm", "")
                                .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::ScalarType)>();
-  at::Tensor logits;
-  {
-    // The GEMM's own autograd wrapper is not wanted here: the router has no derivative.
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    logits = gemm.call(x, w, at::kFloat);
-  }
-  auto [weights, ids] =
-      route(logits, bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor);
-  return {weights, ids, logits};
+  // The GEMM's own autograd wrapper is not wanted here: the router has no derivative.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return gemm.call(x, w, at::kFloat);
 }
 
 namespace {
@@ -168,8 +104,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cpu(
     int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
     double routed_scaling_factor) {
   check_router_inputs(x, w, bias, top_k, n_group, topk_group);
-  return ll_bf16_router_reference(x, w, bias, top_k, n_group, topk_group, renormalize,
-                                  routed_scaling_factor);
+  const at::Tensor logits = ll_bf16_gemm_logits(x, w);
+  auto [weights, ids] = routing_reference(logits, bias, top_k, n_group, topk_group, renormalize,
+                                          routed_scaling_factor);
+  return {weights, ids, logits};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_with_variant_cpu(
@@ -186,10 +124,17 @@ std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_
   TORCH_CHECK_VALUE(M >= 0 && N >= 1 && K >= 1,
                     "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
                     " N=", N, " K=", K);
+  // A problem the op rejects gets the op's error.
+  check_routing_args(kOp, N, c10::Device(c10::kCPU), "router_weight", std::nullopt, top_k,
+                     n_group, topk_group);
   const RouterRow* row =
       M == 0 ? nullptr
              : choose_router(M, N, K, top_k, n_group, topk_group, sm, aligned && K % 8 == 0);
-  return row == nullptr ? "reference" : row->name;
+  if (row != nullptr) {
+    return row->name;
+  }
+  return M > 0 && routing_kernel_fits(N, top_k, n_group, topk_group, sm) ? "gemm+moe_routing"
+                                                                          : "reference";
 }
 
 }  // namespace

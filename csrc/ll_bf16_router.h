@@ -28,10 +28,7 @@ std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_
 // The router table row called `name`; an error listing the valid names if there is none.
 const RouterRow& router_row_by_name(const std::string& name);
 
-// The op's semantics on any device, inputs already checked: (weights, ids, logits).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_reference(
-    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
-    double routed_scaling_factor);
+// The GEMM op's fp32 logits (its dispatch, below autograd).
+at::Tensor ll_bf16_gemm_logits(const at::Tensor& x, const at::Tensor& w);
 
 }  // namespace kimi

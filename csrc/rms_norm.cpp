@@ -55,14 +55,15 @@ void check_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor* re
 at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor r = at::rsqrt(xf.square().mean(-1, /*keepdim=*/true) + eps);
-  return (xf * r * weight.to(at::kFloat)).to(at::kBFloat16);
+  // Contiguous whatever x's layout, as the kernel's output and the fake kernel's are.
+  return (xf * r * weight.to(at::kFloat)).to(at::kBFloat16).contiguous();
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_reference(const at::Tensor& x,
                                                                 const at::Tensor& residual,
                                                                 const at::Tensor& weight,
                                                                 double eps) {
-  at::Tensor sum = (x.to(at::kFloat) + residual.to(at::kFloat)).to(at::kBFloat16);
+  at::Tensor sum = (x.to(at::kFloat) + residual.to(at::kFloat)).to(at::kBFloat16).contiguous();
   return {rms_norm_reference(sum, weight, eps), sum};
 }
 

@@ -6,7 +6,8 @@ namespace kimi {
 struct VariantRow {
   const char* name;
   int m_lo;  // chosen automatically for m_lo <= M <= m_hi and n_min <= N <= n_max
-  int m_hi;  // (first match); m_hi is the compiled token bucket: correct for any M <= m_hi
+  int m_hi;  // (first match)
+  int max_m;  // the largest M the kernel computes (a dot product's token bucket)
   int n_min;
   int n_max;
   bool scalar_loads;  // also compiled with scalar loads (any K, any alignment)

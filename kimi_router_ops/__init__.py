@@ -2,6 +2,7 @@
 
     logits = kimi_router_ops.ll_bf16_gemm(hidden_states, router_weight)  # fp32 [M, N]
     weights, ids, logits = kimi_router_ops.ll_bf16_router(hidden_states, router_weight, bias, top_k)
+    weights, ids = kimi_router_ops.moe_routing(logits, bias, top_k)       # routing alone
 
 Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
 """
@@ -18,6 +19,7 @@ from .ops import (
     ll_bf16_gemm_with_variant,
     ll_bf16_router,
     ll_bf16_router_with_variant,
+    moe_routing,
     rms_norm,
 )
 from .router_linear import RouterLinear
@@ -32,5 +34,6 @@ __all__ = [
     "ll_bf16_gemm_with_variant",
     "ll_bf16_router",
     "ll_bf16_router_with_variant",
+    "moe_routing",
     "rms_norm",
 ]

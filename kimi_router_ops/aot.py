@@ -2,8 +2,8 @@
 
     python kimi_router_ops/aot.py --out build/aot
 
-For each (variant, vec, out dtype, arch), (router variant, bias dtype, arch) and (norm
-kernel, arch), this
+For each (variant, vec, out dtype, arch), (router variant, bias dtype, arch), (routing
+kernel, arch) and (norm kernel, arch), this
 writes <out>/<arch>/<symbol>.{o,h,ptx}: the host launch shim and embedded cubin (.o), its C
 interface (.h) and the PTX (for the static checks in tests/test_dispatch.py). It then writes <out>/kimi_kernels.h, the table the CUDA
 dispatch links against, and copies the CuTe DSL static runtime next to it. Compilation runs
@@ -69,6 +69,25 @@ def fake_router_arguments(bias_dtype: str):
     return [x, w, bias, logits, weights, ids, handoff, *scalars]
 
 
+def fake_routing_arguments(logits_dtype: str, bias_dtype: str):
+    """Fake logits [M, N], bias [1, N], weights and ids [M, top_k] and the routing scalars."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    m, n, top_k = cute.sym_int32(symbol="M"), cute.sym_int32(symbol="N"), cute.sym_int32(symbol="TOPK")
+    dtype = {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16}
+
+    def fake(element, shape):
+        return make_fake_tensor(element, shape, (cute.sym_int64(), 1), assumed_align=element.width // 8)
+
+    logits = fake(dtype[logits_dtype], (m, n))
+    bias = fake(dtype[bias_dtype], (cute.sym_int32(symbol="ONE"), n))
+    weights, ids = fake(cutlass.Float32, (m, top_k)), fake(cutlass.Int32, (m, top_k))
+    scalars = [cutlass.Int32(1)] * 5 + [cutlass.Float32(1.0)]
+    return [logits, bias, weights, ids, *scalars]
+
+
 def fake_norm_arguments(vec: int):
     """Fake x, residual [M, K], weight [1, K], out, residual_out [M, K] and eps."""
     import cutlass
@@ -96,9 +115,8 @@ def kernel_object(variant, vec, trigger=None):
     family = {variants.Dotprod: LLBf16Dotprod, variants.Mma: LLBf16Mma}[type(variant.kernel)]
     params = asdict(variant.kernel)
     if family is LLBf16Dotprod:
-        params["vec"] = vec
-    return family(max_m=variant.m_hi, prefetch=variant.prefetch, pdl=variant.pdl,
-                  trigger=trigger or variant.trigger, **params)
+        params.update(vec=vec, max_m=variant.m_hi)
+    return family(prefetch=variant.prefetch, pdl=variant.pdl, trigger=trigger or variant.trigger, **params)
 
 
 def router_object(router):
@@ -118,6 +136,15 @@ def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:
 def compile_router_kernel(router, bias_dtype, arch, out_dir: Path) -> str:
     symbol = variants.router_kernel_symbol(router, bias_dtype, arch)
     export(router_object(router), fake_router_arguments(bias_dtype), symbol, arch, out_dir)
+    return symbol
+
+
+def compile_routing_kernel(kernel, arch, out_dir: Path) -> str:
+    from kernels.moe_routing import MoeRouting
+
+    symbol = variants.routing_kernel_symbol(kernel, arch)
+    export(MoeRouting(kernel.n_max, variants.ROUTING_WARPS),
+           fake_routing_arguments(kernel.logits_dtype, kernel.bias_dtype), symbol, arch, out_dir)
     return symbol
 
 
@@ -146,7 +173,7 @@ def export(kernel, arguments, symbol, arch, out_dir: Path) -> None:
     (arch_dir / f"{symbol}.ptx").write_text(ptx)
 
 
-def kernel_table_header(kernels, router_kernels, norm_kernels) -> str:
+def kernel_table_header(kernels, router_kernels, routing_kernels, norm_kernels) -> str:
     """C++ glue over the exported headers: one launch adapter and one table row a kernel."""
     includes, adapters, rows = [], [], []
     index = {v.name: i for i, v in enumerate(variants.VARIANTS)}
@@ -187,6 +214,25 @@ def kernel_table_header(kernels, router_kernels, norm_kernels) -> str:
             f'    {{"{s}", {router_index[router.name]}, {dtype}, {sm}, '
             f"_mlir_{s}_cuda_init, _mlir_{s}_cuda_load_to_device, launch_{s}}},"
         )
+    routing_rows = []
+    for kernel, arch, sm in routing_kernels:
+        s = variants.routing_kernel_symbol(kernel, arch)
+        includes.append(f'#include "{arch}/{s}.h"')
+        casts = ", ".join(
+            f"reinterpret_cast<{s}_Tensor_{t}_t*>(&a->{t})" for t in ("logits", "bias", "weights", "ids")
+        )
+        adapters.append(
+            f"inline int32_t launch_{s}(RoutingArgs* a, cudaStream_t stream) {{\n"
+            f"  static_assert(sizeof({s}_Tensor_logits_t) == sizeof(TensorArg), \"ABI mismatch\");\n"
+            f"  return cute_dsl_{s}_wrapper(nullptr, {casts},\n"
+            f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->scaling, stream);\n"
+            f"}}"
+        )
+        dtype = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}
+        routing_rows.append(
+            f'    {{"{s}", {kernel.n_min}, {kernel.n_max}, {dtype[kernel.logits_dtype]}, {dtype[kernel.bias_dtype]}, '
+            f"{sm}, _mlir_{s}_cuda_init, _mlir_{s}_cuda_load_to_device, launch_{s}}},"
+        )
     norm_rows = []
     for norm, arch, sm in norm_kernels:
         s = variants.norm_kernel_symbol(norm, arch)
@@ -217,6 +263,8 @@ def kernel_table_header(kernels, router_kernels, norm_kernels) -> str:
         + "\n".join(rows)
         + "\n};\n\ninline constexpr CompiledRouterKernel kCompiledRouterKernels[] = {\n"
         + "\n".join(router_rows)
+        + "\n};\n\ninline constexpr CompiledRoutingKernel kCompiledRoutingKernels[] = {\n"
+        + "\n".join(routing_rows)
         + "\n};\n\ninline constexpr CompiledNormKernel kCompiledNormKernels[] = {\n"
         + "\n".join(norm_rows)
         + "\n};\n\n}  // namespace kimi\n"
@@ -246,6 +294,8 @@ def build_arch(out_dir: Path, arch: str) -> None:
         for r in variants.compiled_router_kernels()
         if r[2] == arch
     ]
+    jobs += [lambda k=k: compile_routing_kernel(k[0], arch, out_dir)
+             for k in variants.compiled_routing_kernels() if k[1] == arch]
     jobs += [lambda k=k: compile_norm_kernel(k[0], arch, out_dir) for k in variants.compiled_norm_kernels() if k[1] == arch]
     start = time.time()
     for i, job in enumerate(jobs, 1):
@@ -272,7 +322,8 @@ def build(out_dir: Path) -> None:
         raise SystemExit(f"ahead-of-time compilation failed for {', '.join(failed)}")
     (out_dir / "kimi_kernels.h").write_text(
         kernel_table_header(
-            variants.compiled_kernels(), variants.compiled_router_kernels(), variants.compiled_norm_kernels()
+            variants.compiled_kernels(), variants.compiled_router_kernels(), variants.compiled_routing_kernels(),
+            variants.compiled_norm_kernels(),
         )
     )
     shutil.copy2(runtime_library(), out_dir / RUNTIME_LIB)

@@ -24,19 +24,24 @@ from kimi_router_ops import variants
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
 SHAPES = {"kimi-k3": (896, 7168), "kimi-k2": (384, 7168), "deepseek-v3": (256, 7168)}
-M_LIST = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+M_LIST = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def implementations(m, sweep=False):
     """name -> fn(x, w) for problem size m: the op, cuBLAS, and every kernel whose M range
-    holds m (with `sweep`, every kernel whose token bucket holds m)."""
+    holds m (with `sweep`, every kernel that computes m: above 16 tokens, the tensor-core
+    kernels of 16 tokens a CTA or more)."""
     impls = {
         "ll_bf16_gemm (auto)": lambda x, w: kimi_router_ops.ll_bf16_gemm(x, w),
         "F.linear (bf16 out)": lambda x, w: F.linear(x, w),
         "torch.mm (fp32 out)": lambda x, w: torch.mm(x, w.t(), out_dtype=torch.float32),
     }
     for v in variants.VARIANTS:
-        if (1 if sweep else v.m_lo) <= m <= v.m_hi:
+        if sweep:
+            chosen = m <= v.m_hi if m <= 16 else isinstance(v.kernel, variants.Mma) and v.kernel.tokens >= 16
+        else:
+            chosen = v.m_lo <= m <= v.m_hi
+        if chosen:
             impls[f"forced {v.name}"] = (
                 lambda x, w, name=v.name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)
             )
@@ -251,12 +256,18 @@ def sweep_markdown(report, top: int = 3) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--nk", nargs="+", default=[], metavar="N,K",
+                        help="other router shapes to time as well (the hidden-size sweep)")
     parser.add_argument("--m", nargs="+", type=int, help=f"token counts (default {M_LIST}; "
                         f"with --sweep 1..{variants.MAX_M})")
     parser.add_argument("--sweep", action="store_true",
                         help="retuning: every compiled variant at the decode M, ranked per (shape, M)")
     args = parse_bench_args(parser)
+    for nk in args.nk:
+        n, k = (int(v) for v in nk.split(","))
+        SHAPES[f"n{n}_k{k}"] = (n, k)
+        args.shapes.append(f"n{n}_k{k}")
     m_list = args.m or (list(range(1, variants.MAX_M + 1)) if args.sweep else list(M_LIST))
     report = run(args.shapes, m_list, args.replays, args.sweep)
     if args.sweep:

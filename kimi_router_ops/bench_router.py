@@ -1,9 +1,10 @@
 """python -m kimi_router_ops.bench_router: the whole router (GEMM + routing) at decode.
 
-For the real router configurations and M = 1..16 this times, the same way as the GEMM
+For the real router configurations and M = 1..256 this times, the same way as the GEMM
 benchmark (one CUDA graph of one call per weight copy, cold L2, median per call; back to
 back and serialized; one bias per weight copy, so the bias is cold too): `ll_bf16_router`;
-`ll_bf16_gemm` alone; `ll_bf16_gemm` followed by the routing as torch ops (the transformers
+`ll_bf16_gemm` alone; `ll_bf16_gemm` then `moe_routing` (two launches); `moe_routing`
+alone (on warm logits); `ll_bf16_gemm` followed by the routing as torch ops (the transformers
 formula), eagerly and under `torch.compile`; each named-only fused router row that can
 serve the case, forced; and with --gemm-variants, those GEMM rows alone. Each cell is the
 median of --rounds rounds, taken in turn, each on weights and biases of its own (a
@@ -45,6 +46,22 @@ def torch_routing(logits, bias, top_k, n_group, topk_group, scale):
     return weights / (weights.sum(-1, keepdim=True) + 1e-20) * scale, ids
 
 
+_COMPILED = {}
+
+
+def compiled_gemm_then_torch(config):
+    """The GEMM op then the torch routing under torch.compile, one graph per config with a
+    dynamic M (compiled once, as a model would be)."""
+    if config not in _COMPILED:
+        n, top_k, n_group, topk_group, scale = CONFIGS[config]
+
+        def gemm_then_torch(x, w, bias):
+            return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale)
+
+        _COMPILED[config] = torch.compile(gemm_then_torch, fullgraph=True, dynamic=True)
+    return _COMPILED[config]
+
+
 def implementations(config, m, gemm_variants=()):
     n, top_k, n_group, topk_group, scale = CONFIGS[config]
     route = (top_k, n_group, topk_group, True, scale)
@@ -52,11 +69,14 @@ def implementations(config, m, gemm_variants=()):
     def gemm_then_torch(x, w, bias):
         return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale)
 
-    torch._dynamo.reset()  # one compiled graph per case: no recompile limit across cases
-    compiled = torch.compile(gemm_then_torch, fullgraph=True, dynamic=False)
+    compiled = compiled_gemm_then_torch(config)
+    # The routing alone on logits that stay warm in L2 (one tensor for every call).
+    logits = torch.randn(m, n, device="cuda")
     impls = {
         "ll_bf16_router": lambda x, w, b: kimi_router_ops.ll_bf16_router(x, w, b, *route),
         "ll_bf16_gemm alone": lambda x, w, b: kimi_router_ops.ll_bf16_gemm(x, w),
+        "gemm + moe_routing": lambda x, w, b: kimi_router_ops.moe_routing(kimi_router_ops.ll_bf16_gemm(x, w), b, *route),
+        "moe_routing alone": lambda x, w, b: kimi_router_ops.moe_routing(logits, b, *route),
         "gemm + torch routing, eager": gemm_then_torch,
         "gemm + torch routing, compiled": compiled,
     }
@@ -140,7 +160,7 @@ def markdown(report) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
-    parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4, 8, 16, 24, 32, 64, 128, 256])
     parser.add_argument("--rounds", type=int, default=3,
                         help="fresh graphs per cell, taken in turn; the cell is their median")
     parser.add_argument("--gemm-variants", nargs="*", default=[], choices=[v.name for v in variants.VARIANTS],

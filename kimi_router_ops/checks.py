@@ -27,6 +27,16 @@ def reference_router(x, w, bias, top_k, n_group, topk_group, renormalize, scale)
     """DeepseekV3TopkRouter.forward (transformers 5.x) in float64: weights, ids, logits, and
     the masked choice values and group scores (for judging near-ties)."""
     logits = x.double().cpu() @ w.double().cpu().t()
+    weights, ids, masked, group_scores = reference_routing(
+        logits, bias, top_k, n_group, topk_group, renormalize, scale
+    )
+    return weights, ids, logits, masked, group_scores
+
+
+def reference_routing(logits, bias, top_k, n_group, topk_group, renormalize, scale):
+    """The routing after the logits, in float64: weights, ids, and the masked choice values
+    and group scores."""
+    logits = logits.double().cpu()
     scores = logits.sigmoid()
     choice = scores + (bias.double().cpu() if bias is not None else 0.0)
     m, n = logits.shape
@@ -39,7 +49,7 @@ def reference_router(x, w, bias, top_k, n_group, topk_group, renormalize, scale)
     weights = scores.gather(1, ids)
     if renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return weights * scale, ids, logits, masked, group_scores
+    return weights * scale, ids, masked, group_scores
 
 
 def near_tie(values, k):

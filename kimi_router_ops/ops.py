@@ -166,16 +166,14 @@ def chosen_router_variant(
     aligned: bool = True,
 ) -> str:
     """What the CUDA router op runs for a problem on a GPU of compute capability `sm`: the
-    name of a fused router row (one launch), or "reference" (the GEMM op, then the routing
-    as torch ops)."""
+    name of a fused router row (one launch), "gemm+moe_routing" (the GEMM op, then the
+    routing op's kernel) or "reference" (the GEMM op, then the routing as torch ops). A
+    problem the op rejects raises the op's error."""
     return torch.ops.kimi.ll_bf16_router_variant.default(M, N, K, top_k, n_group, topk_group, sm, aligned)
 
 
-def _check_router_inputs(x, w, bias, top_k, n_group, topk_group) -> None:
-    """csrc's check_router_inputs, for the fake kernel."""
-    op = "ll_bf16_router"
-    _check_inputs(x, w, torch.float32, op)
-    n = w.shape[0]
+def _check_routing_args(op, n, device, device_of, bias, top_k, n_group, topk_group) -> None:
+    """csrc's check_routing_args, for the fake kernels."""
     torch._check_value(
         n_group >= 1 and n % n_group == 0,
         lambda: f"{op}: n_group must divide the number of experts, got n_group={n_group} and N={n}",
@@ -205,10 +203,17 @@ def _check_router_inputs(x, w, bias, top_k, n_group, topk_group) -> None:
             lambda: f"{op}: e_score_correction_bias must have shape [N]=[{n}], got {list(bias.shape)}",
         )
         torch._check(
-            bias.device == w.device,
-            lambda: f"{op}: e_score_correction_bias must be on the device of router_weight, got "
-            f"{bias.device} and {w.device}",
+            bias.device == device,
+            lambda: f"{op}: e_score_correction_bias must be on the device of {device_of}, got "
+            f"{bias.device} and {device}",
         )
+
+
+def _check_router_inputs(x, w, bias, top_k, n_group, topk_group) -> None:
+    """csrc's check_router_inputs, for the fake kernel."""
+    op = "ll_bf16_router"
+    _check_inputs(x, w, torch.float32, op)
+    _check_routing_args(op, w.shape[0], w.device, "router_weight", bias, top_k, n_group, topk_group)
 
 
 @torch.library.register_fake("kimi::ll_bf16_router")
@@ -222,6 +227,54 @@ def _ll_bf16_router_fake(
         hidden_states.new_empty((m, top_k), dtype=torch.float32),
         hidden_states.new_empty((m, top_k), dtype=torch.int32),
         hidden_states.new_empty((m, n), dtype=torch.float32),
+    )
+
+
+def moe_routing(
+    logits: Tensor,
+    e_score_correction_bias: Tensor | None,
+    top_k: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """The routing of `ll_bf16_router` on logits you already have (fp32 or bf16 [M, N]):
+    sigmoid scores, the score-correction bias for the choice only, grouped top-k, weights
+    from the unbiased scores, renormalized and scaled.
+
+    Returns (topk_weights fp32 [M, top_k], topk_ids int32 [M, top_k]), in the order and with
+    the tie rule of `ll_bf16_router`; given that op's logits, its ids and weights bit for
+    bit. On sm_90 / sm_100 GPUs (N <= 1024, top_k <= 32) one PDL-launched kernel, one warp
+    a token; elsewhere the routing as torch ops.
+    """
+    return torch.ops.kimi.moe_routing.default(
+        logits, e_score_correction_bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor
+    )
+
+
+@torch.library.register_fake("kimi::moe_routing")
+def _moe_routing_fake(
+    logits, e_score_correction_bias, top_k, n_group=1, topk_group=1, renormalize=True,
+    routed_scaling_factor=1.0,
+):
+    op = "moe_routing"
+    torch._check_type(
+        logits.dtype in (torch.float32, torch.bfloat16),
+        lambda: f"{op}: logits must be torch.float32 or torch.bfloat16, got {logits.dtype}",
+    )
+    torch._check_value(
+        logits.dim() == 2, lambda: f"{op}: logits must be 2-D [M, N], got shape {list(logits.shape)}"
+    )
+    torch._check_value(
+        logits.shape[1] >= 1, lambda: f"{op}: logits must have N >= 1 experts, got shape {list(logits.shape)}"
+    )
+    _check_routing_args(op, logits.shape[1], logits.device, "logits", e_score_correction_bias, top_k,
+                        n_group, topk_group)
+    m = logits.shape[0]
+    return (
+        logits.new_empty((m, top_k), dtype=torch.float32),
+        logits.new_empty((m, top_k), dtype=torch.int32),
     )
 
 

@@ -32,9 +32,11 @@ def graph_time_us(calls, replays: int = 30, warmup: int = 3) -> float:
     return per_replay_ms * 1e3 / len(calls)
 
 
-def weight_copies(n: int, k: int, min_bytes: int, device="cuda") -> list:
-    """Enough distinct bf16 [n, k] weights to cover `min_bytes` (at least 2)."""
-    count = max(2, -(-min_bytes // (n * k * 2)))
+def weight_copies(n: int, k: int, min_bytes: int, device="cuda", most: int = 256) -> list:
+    """Enough distinct bf16 [n, k] weights to cover `min_bytes` (at least 2, at most `most`:
+    a graph of more calls takes long to capture, and 256 copies of the smallest shape timed,
+    64 x 2048, still read more than an H200's L2 holds)."""
+    count = min(most, max(2, -(-min_bytes // (n * k * 2))))
     return [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(count)]
 
 

@@ -49,14 +49,15 @@ class Dotprod:
 
 @dataclass(frozen=True)
 class Mma:
-    """Tensor cores (kernels/ll_bf16_mma.py): `tiles` 16-expert tiles per CTA, K split over
-    the `cluster_k` CTAs of a cluster and the `warps` warps of each, `unroll` 32-element
-    chunks per warp and step."""
+    """Tensor cores (kernels/ll_bf16_mma.py): `tiles` 16-expert tiles and `tokens` tokens per
+    CTA (more tokens take more CTAs), K split over the `cluster_k` CTAs of a cluster and the
+    `warps` warps of each, `unroll` 32-element chunks per warp and step."""
 
     tiles: int
     cluster_k: int
     warps: int
     unroll: int
+    tokens: int
     vecs = (8,)  # 16-byte loads only: K % 8 == 0 and 16-byte aligned rows
 
     def prefetch_loads(self) -> int:
@@ -67,7 +68,7 @@ class Mma:
 class Variant:
     name: str
     m_lo: int  # the dispatch picks this row for m_lo <= M <= m_hi and n_min <= N <= n_max ...
-    m_hi: int  # ... (first match wins); m_hi is also the compiled token bucket
+    m_hi: int  # ... (first match wins); a dot product's m_hi is also its token bucket
     n_min: int
     n_max: int
     kernel: Union[Dotprod, Mma]
@@ -79,10 +80,17 @@ class Variant:
     def __post_init__(self):
         _check_trigger(self)
 
+    @property
+    def max_m(self) -> int:
+        """The largest M the kernel computes: a dot product's bucket; the tensor-core kernels
+        take any M (grid z: 65535 CTAs of `tokens`)."""
+        return 65535 * self.kernel.tokens if isinstance(self.kernel, Mma) else self.m_hi
+
 
 def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False,
-         trigger="after_x"):
-    return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll),
+         trigger="after_x", tokens=None):
+    """A tensor-core row; `tokens` (tokens per CTA) defaults to m_hi."""
+    return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll, tokens or m_hi),
                    prefetch=prefetch, pdl=True, automatic=automatic, trigger=trigger)
 
 
@@ -148,6 +156,17 @@ VARIANTS = (
     # and DeepSeek-V3-sized at M = 9..16 (ROUTER_GEMMS).
     _mma("mma8_t1c4w8u7", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
     _mma("mma16_t1c4w8u7", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
+    # Candidates for M = 17..256: 32 or 64 tokens a CTA, fewer chunks a step to stay within
+    # the registers.
+    _mma("mma32_t2c4w8u4", 17, 32, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=4, tokens=32,
+         automatic=True),
+    _mma("mma32_t1c4w8u7", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7, tokens=32),
+    _mma("mma32_t4c4w8u2", 17, 256, 1, INT32_MAX, tiles=4, cluster_k=4, warps=8, unroll=2, tokens=32),
+    _mma("mma32_t1c8w8u4", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4, tokens=32),
+    _mma("mma64_t2c4w8u2", 33, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=2, tokens=64,
+         automatic=True),
+    _mma("mma64_t1c4w8u4", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=4, tokens=64),
+    _mma("mma64_t1c8w8u2", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=2, tokens=64),
 )
 
 
@@ -335,7 +354,7 @@ OUT_DTYPES = ("float32", "bfloat16")
 BIAS_DTYPES = ("float32", "bfloat16")  # e_score_correction_bias, fp32 or the model's bf16
 # (CuTe DSL target, compute capability major*10+minor it serves)
 ARCHS = (("sm_90a", 90), ("sm_100a", 100))
-MAX_M = max(v.m_hi for v in VARIANTS)  # the largest M any kernel accepts
+MAX_M = max(v.m_hi for v in VARIANTS)  # the largest M the dispatch gives a kernel
 
 
 def kernel_symbol(variant: Variant, vec: int, out_dtype: str, arch: str) -> str:
@@ -357,6 +376,35 @@ def router_kernel_symbol(router: RouterVariant, bias_dtype: str, arch: str) -> s
 def compiled_router_kernels():
     """Every (router variant, bias dtype, arch, sm) the build compiles, in table order."""
     return [(r, dt, arch, sm) for arch, sm in ARCHS for r in ROUTER_VARIANTS for dt in BIAS_DTYPES]
+
+
+@dataclass(frozen=True)
+class RoutingKernel:
+    """The routing op's kernel (kernels/moe_routing.py) for n_min <= N <= n_max experts (a
+    lane's share compiled in, as in the fused router), one logits dtype and one bias dtype;
+    ROUTING_WARPS tokens a CTA."""
+
+    n_min: int
+    n_max: int
+    logits_dtype: str
+    bias_dtype: str
+
+
+ROUTING_WARPS = 4
+ROUTING_KERNELS = tuple(
+    RoutingKernel(lo, hi, logits, bias) for lo, hi in ROUTER_N_RANGES for logits in OUT_DTYPES for bias in BIAS_DTYPES
+)
+
+
+def routing_kernel_symbol(kernel: RoutingKernel, arch: str) -> str:
+    """e.g. kimi_moe_routing_n256_f32_bf16_sm_90a (logits dtype, then bias dtype)."""
+    short = {"float32": "f32", "bfloat16": "bf16"}
+    return f"kimi_moe_routing_n{kernel.n_max}_{short[kernel.logits_dtype]}_{short[kernel.bias_dtype]}_{arch}"
+
+
+def compiled_routing_kernels():
+    """Every (routing kernel, arch, sm) the build compiles."""
+    return [(k, arch, sm) for arch, sm in ARCHS for k in ROUTING_KERNELS]
 
 
 def norm_kernel_symbol(norm: NormKernel, arch: str) -> str:
@@ -383,7 +431,7 @@ def compiled_kernels():
 def write_variant_table_header(path: str) -> None:
     """The rows above as a C++ array (csrc/ includes it; selection order = row order)."""
     rows = "\n".join(
-        f'    {{"{v.name}", {v.m_lo}, {v.m_hi}, {v.n_min}, {v.n_max}, '
+        f'    {{"{v.name}", {v.m_lo}, {v.m_hi}, {v.max_m}, {v.n_min}, {v.n_max}, '
         f"{str(1 in v.kernel.vecs).lower()}, {str(v.prefetch).lower()}, "
         f"{str(v.pdl).lower()}, {str(v.automatic).lower()}}},"
         for v in VARIANTS

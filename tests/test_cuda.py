@@ -58,9 +58,20 @@ def test_every_variant_odd_shapes(variant):
             check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant), x, w, torch.float32)
 
 
+@pytest.mark.parametrize("variant", [v.name for v in variants.VARIANTS if isinstance(v.kernel, variants.Mma)])
+def test_tensor_core_variants_take_any_m_in_token_tiles(variant):
+    """More tokens than a CTA computes take more CTAs (grid z): each tile's rows, the
+    partial last tile and every output of every tile."""
+    tokens = variants.variant(variant).kernel.tokens
+    for n, k in [(33, 7176), (300, 1000)]:
+        for m in (tokens + 1, 2 * tokens + 3, 5 * tokens):
+            x, w = random_bf16(m, k, device="cuda"), random_bf16(n, k, device="cuda")
+            check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant), x, w, torch.float32)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
-    m=st.integers(1, 24),
+    m=st.integers(1, 300),
     n=st.integers(1, 1100),
     k=st.integers(1, 9000),
     x_offset=st.integers(0, 9),
@@ -102,7 +113,7 @@ def test_prefetch_is_bitwise_equal_to_no_prefetch(model, out_dtype):
         )
 
 
-@pytest.mark.parametrize("m", [1, 2, 5, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 40, 256])
 def test_bitwise_deterministic(m):
     x, w = random_bf16(m, 7168, device="cuda"), random_bf16(896, 7168, device="cuda")
     first = kimi_router_ops.ll_bf16_gemm(x, w)
@@ -112,7 +123,7 @@ def test_bitwise_deterministic(m):
 
 def test_every_output_element_is_written():
     """Outputs come from torch's caching allocator: poison the block, then reuse it."""
-    for m, n in [(1, 896), (7, 33), (16, 1)]:
+    for m, n in [(1, 896), (7, 33), (16, 1), (100, 300)]:
         torch.empty(m * n, dtype=torch.float32, device="cuda").fill_(float("nan"))
         x, w = random_bf16(m, 256, device="cuda"), random_bf16(n, 256, device="cuda")
         out = kimi_router_ops.ll_bf16_gemm(x, w)

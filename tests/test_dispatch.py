@@ -62,8 +62,12 @@ def test_automatic_rows_cover_1_to_their_largest_m_exactly_once(n):
         (16, 384, 7168, 90, True, "mma16_t2c4w8u7:vec8"),
         (16, 385, 7168, 90, True, "mma16_t2c4w8u7_before_wait:vec8"),
         (16, 256, 7168, 100, True, "mma16_t2c4w8u7:vec8"),
-        (17, 896, 7168, 90, True, "cublas"),
+        (17, 896, 7168, 90, True, "mma32_t2c4w8u4:vec8"),
+        (33, 256, 7168, 100, True, "mma64_t2c4w8u2:vec8"),
+        (256, 384, 7168, 90, True, "mma64_t2c4w8u2:vec8"),
+        (257, 896, 7168, 90, True, "cublas"),
         (4096, 896, 7168, 90, True, "cublas"),
+        (17, 896, 7168, 90, False, "cublas"),
         (1, 896, 7168, 80, True, "cublas"),  # Ampere: no kernels
         (1, 896, 7168, 120, True, "cublas"),  # consumer Blackwell: no kernels
         (1, 896, 7169, 90, True, "m1_prefetch_r4_t256:vec1"),  # K % 8 != 0
@@ -92,17 +96,22 @@ def router_symbols():
     return [variants.router_kernel_symbol(r, dt, arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
 
 
+def routing_symbols():
+    return [variants.routing_kernel_symbol(k, arch) for k, arch, _ in variants.compiled_routing_kernels()]
+
+
 def norm_symbols():
     return [variants.norm_kernel_symbol(k, arch) for k, arch, _ in variants.compiled_norm_kernels()]
 
 
 @requires_cuda_build
 def test_every_variant_is_linked_for_every_arch():
-    assert kimi_router_ops.compiled_kernels() == gemm_symbols() + router_symbols() + norm_symbols()
+    assert kimi_router_ops.compiled_kernels() == gemm_symbols() + router_symbols() + routing_symbols() + norm_symbols()
     archs = {arch for arch, _ in variants.ARCHS}
     assert archs == {"sm_90a", "sm_100a"}
     assert len(gemm_symbols()) == sum(len(v.kernel.vecs) for v in variants.VARIANTS) * len(variants.OUT_DTYPES) * len(archs)
     assert len(router_symbols()) == len(variants.ROUTER_VARIANTS) * len(variants.BIAS_DTYPES) * len(archs)
+    assert len(routing_symbols()) == len(variants.ROUTER_N_RANGES) * len(variants.OUT_DTYPES) * len(variants.BIAS_DTYPES) * len(archs)
 
 
 def test_router_rows_fuse_existing_gemm_rows():
@@ -250,7 +259,7 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
     for v, vec, dt in mma_kernels():
         ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
         weights = 2 * v.kernel.tiles * v.kernel.unroll
-        tokens = (v.m_hi // 8) * v.kernel.unroll
+        tokens = (v.kernel.tokens // 8) * v.kernel.unroll
         signal_after = {"at_entry": 0, "before_wait": weights, "after_x": weights + tokens}[v.trigger]
         for mark, loads in (("mma.sync", weights + tokens), ("griddepcontrol.launch_dependents", signal_after)):
             head = ptx.partition(mark)[0]

@@ -2,7 +2,7 @@
 # On a GPU machine without nvidia-cutlass-dsl: build _C from ahead-of-time objects made
 # elsewhere (KIMI_ROUTER_OPS_AOT_DIR, default build/aot), then run the given steps.
 #   tools/device_run.sh [test] [main] [example] [bench] [bench-quick] [bench-decode] [chain]
-#                       [router] [example-tf] [sanitize]
+#                       [router] [example-tf] [sanitize] [sweep] [ksweep]
 # Logs and results go to $OUT (or ./device-out).
 set -uo pipefail
 out=${OUT:-device-out}
@@ -29,6 +29,10 @@ for step in "$@"; do
     chain) python3 -m kimi_router_ops.bench_chain --out "$out" 2>&1 | tail -20 || status=1 ;;
     router) python3 -m kimi_router_ops.bench_router --out "$out" 2>&1 | tail -20 || status=1 ;;
     example-tf) python3 examples/transformers_deepseek.py 2>&1 | tee "$out/example-tf.log" || status=1 ;;
+    sweep) python3 -m kimi_router_ops.bench --sweep --out "$out" --m 16 17 24 32 48 64 96 128 192 256 2>&1 | tail -60 || status=1 ;;
+    ksweep)  # the hidden-size range: K x N at the decode M (docs/benchmarks.md)
+      nk=(); for k in 2048 2880 3072 4096 5120 6144 7168 8192; do for n in 64 128 256 512 1024; do nk+=("$n,$k"); done; done
+      python3 -m kimi_router_ops.bench --out "$out/ksweep" --shapes --nk "${nk[@]}" --m 1 2 4 8 16 2>&1 | tail -5 || status=1 ;;
     bench-decode) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 3 4 6 8 2>&1 | tail -60 || status=1 ;;
     sanitize)  # the four tools at once: each is bound by its own CPU-side instrumentation
       # racecheck instruments every shared-memory access: on the full shape list it runs for

@@ -1,5 +1,5 @@
-"""Every kernel variant over odd shapes, every fused router row and the norm kernels, for
-compute-sanitizer
+"""Every kernel variant over odd shapes, every fused router row, the routing op's kernels
+and the norm kernels, for compute-sanitizer
 (tools/device_run.sh sanitize).
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 tools/sanitize.py
@@ -15,7 +15,7 @@ import torch
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from kimi_router_ops.checks import dot_error, near_tie, reference_router
+from kimi_router_ops.checks import dot_error, near_tie, reference_router, reference_routing
 
 N_LIST = (1, 3, 17, 895)
 # Odd K for the scalar-load kernels; multiples of 8 (chunk and split tails) for all of them.
@@ -41,7 +41,9 @@ def main():
     for v in variants.VARIANTS:
         if not v.name.startswith(args.only):
             continue
-        for m in sorted({1, v.m_hi}):
+        # Tensor-core rows of more tokens than a CTA computes: a partial last token tile too.
+        tiles = {v.kernel.tokens + 3} if isinstance(v.kernel, variants.Mma) and v.m_hi > v.kernel.tokens else set()
+        for m in sorted({1, v.m_hi} | tiles):
             for n, k in shapes:
                 if k % 8 and 1 not in v.kernel.vecs:
                     continue  # 16-byte loads only (tests/test_cuda.py checks the error)
@@ -71,24 +73,22 @@ def main():
                     )
                     ref_weights, ref_ids, _, masked, group_scores = reference_router(x, w, bias, *route)
                     worst = max(worst, dot_error(logits, x, w))
-                    # Ids may differ only at a near-tie of the float64 reference (a wrong
-                    # handoff gives garbage). Two picks within the kernel's sigmoid error of
-                    # each other may also come in the other order (docs/api.md), so weights
-                    # are compared in id order.
-                    got_ids, got_order = ids.cpu().sort(1)
-                    ref_sorted, ref_order = ref_ids.sort(1)
-                    same = (got_ids == ref_sorted).all(1)
-                    tied = torch.tensor([near_tie(group_scores[t], topk_group) or near_tie(masked[t], top_k)
-                                         for t in range(m)])
-                    got_w, ref_w = weights.cpu().double().gather(1, got_order), ref_weights.gather(1, ref_order)
-                    if not (same | tied).all() or not torch.allclose(got_w[same], ref_w[same], rtol=1e-5):
-                        print(f"{r.name} m={m} n={n} top_k={top_k} groups={n_group}/{topk_group} "
-                              f"bias={None if bias is None else bias.dtype}: routing differs from the float64 reference")
-                        for t in range(m):
-                            print(f"  token {t}: ids {ids[t].tolist()}, reference {ref_ids[t].tolist()}, "
-                                  f"largest weight difference {(weights.cpu()[t] - ref_weights[t]).abs().max().item():.2e}")
-                        sys.exit(1)
+                    check_routing(f"{r.name} m={m} n={n} top_k={top_k} groups={n_group}/{topk_group} "
+                                  f"bias={None if bias is None else bias.dtype}", weights, ids,
+                                  (ref_weights, ref_ids, masked, group_scores), top_k, topk_group)
                     calls += 1
+    if args.only in ("", "moe_routing"):
+        for m in (1, 5, 40, 257):
+            for n, _, top_k, n_group, topk_group in ROUTER_CASES + ((1000, 0, 32, 1, 1),):
+                for dtype in (torch.float32, torch.bfloat16):
+                    logits = (torch.randn(m, n) * 2).to(dtype)
+                    for bias in (None, torch.randn(n) * 0.1, (torch.randn(n) * 0.1).to(torch.bfloat16)):
+                        route = (top_k, n_group, topk_group, True, 2.5)
+                        weights, ids = kimi_router_ops.moe_routing(
+                            logits.cuda(), None if bias is None else bias.cuda(), *route)
+                        check_routing(f"moe_routing m={m} n={n} {dtype} bias={None if bias is None else bias.dtype}",
+                                      weights, ids, reference_routing(logits, bias, *route), top_k, topk_group)
+                        calls += 1
     if args.only in ("", "norm"):
         for m, k in NORM_SHAPES:
             x, residual, weight = torch.randn(m, k).to(torch.bfloat16), torch.randn(m, k).to(torch.bfloat16), torch.rand(k).to(torch.bfloat16)
@@ -106,6 +106,27 @@ def main():
     torch.cuda.synchronize()
     print(f"{calls} kernel calls, worst fp32 error {worst:.2e} (relative to sum |x w|)")
     if worst > 1e-5:
+        sys.exit(1)
+
+
+def check_routing(what, weights, ids, reference, top_k, topk_group):
+    """Exit with a report unless the ids match the float64 reference (up to its near-ties:
+    a wrong handoff gives garbage) and the weights are within 1e-5. Two picks within the
+    kernel's sigmoid error of each other may come in the other order (docs/api.md), so
+    weights are compared in id order."""
+    ref_weights, ref_ids, masked, group_scores = reference
+    m = ids.shape[0]
+    got_ids, got_order = ids.cpu().long().sort(1)
+    ref_sorted, ref_order = ref_ids.sort(1)
+    same = (got_ids == ref_sorted).all(1)
+    tied = torch.tensor([near_tie(group_scores[t], topk_group) or near_tie(masked[t], top_k)
+                         for t in range(m)], dtype=torch.bool)
+    got_w, ref_w = weights.cpu().double().gather(1, got_order), ref_weights.gather(1, ref_order)
+    if not (same | tied).all() or not torch.allclose(got_w[same], ref_w[same], rtol=1e-5):
+        print(f"{what}: routing differs from the float64 reference")
+        for t in range(m):
+            print(f"  token {t}: ids {ids[t].tolist()}, reference {ref_ids[t].tolist()}, "
+                  f"largest weight difference {(weights.cpu()[t] - ref_weights[t]).abs().max().item():.2e}")
         sys.exit(1)
 
 

@@ -21,6 +21,9 @@ std::vector<std::string> compiled_kernel_symbols() {
   for (const CompiledRouterKernel& kernel : kCompiledRouterKernels) {
     symbols.emplace_back(kernel.symbol);
   }
+  for (const CompiledRoutingKernel& kernel : kCompiledRoutingKernels) {
+    symbols.emplace_back(kernel.symbol);
+  }
   for (const CompiledNormKernel& kernel : kCompiledNormKernels) {
     symbols.emplace_back(kernel.symbol);
   }
@@ -62,8 +65,8 @@ at::Tensor launch(const VariantRow* row, const at::Tensor& x_in, const at::Tenso
   if (row == nullptr) {
     row = choose_kernel(M, N, K, sm, vec8).row;
   } else {
-    TORCH_CHECK_VALUE(M <= row->m_hi, "ll_bf16_gemm_with_variant: variant ", row->name,
-                      " handles M <= ", row->m_hi, ", got M = ", M);
+    TORCH_CHECK_VALUE(M <= row->max_m, "ll_bf16_gemm_with_variant: variant ", row->name,
+                      " handles M <= ", row->max_m, ", got M = ", M);
     TORCH_CHECK(kernels_support(sm, N, K), "ll_bf16_gemm_with_variant: no kernels for sm_", sm,
                 " or for N=", N, " K=", K);
     TORCH_CHECK_VALUE(vec8 || row->scalar_loads, "ll_bf16_gemm_with_variant: variant ", row->name,

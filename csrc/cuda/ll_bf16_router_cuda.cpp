@@ -1,5 +1,5 @@
 // CUDA implementation of the router op: one fused kernel (GEMM + routing) where a row of the
-// router table applies, the reference path (the GEMM op, then ATen routing) otherwise.
+// router table applies, the GEMM op and then the routing op's kernel otherwise.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -11,6 +11,7 @@
 #include "kimi_variant_table.h"
 #include "router_handoff.h"
 #include "../ll_bf16_router.h"
+#include "../moe_routing.h"
 
 namespace kimi {
 
@@ -40,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> route_on_gpu(
   const int device = x.get_device();
   const int sm = device_sm(device);
   const bool vec8 = vec8_aligned(x) && vec8_aligned(w);
-  const RouterRow* row = M == 0 ? nullptr : forced;  // no rows: the reference's empty outputs
+  const RouterRow* row = M == 0 ? nullptr : forced;  // no rows: the two launches, empty
   if (row != nullptr) {
     const std::string misfit =
         router_row_misfit(*forced, M, N, K, top_k, n_group, topk_group, sm, vec8);
@@ -50,8 +51,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> route_on_gpu(
     row = choose_router(M, N, K, top_k, n_group, topk_group, sm, vec8);
   }
   if (row == nullptr) {
-    return ll_bf16_router_reference(x, w, bias_in, top_k, n_group, topk_group, renormalize,
-                                    routed_scaling_factor);
+    // Two launches: the GEMM op's kernel, then the routing kernel (the ATen reference where
+    // none fits), which waits on it through PDL.
+    const at::Tensor logits = ll_bf16_gemm_logits(x, w);
+    auto [weights, ids] = moe_routing_on_gpu(logits, bias_in, top_k, n_group, topk_group,
+                                             renormalize, routed_scaling_factor);
+    return {weights, ids, logits};
   }
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor logits = at::empty({M, N}, f32);

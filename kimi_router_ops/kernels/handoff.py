@@ -33,13 +33,19 @@ def sigmoid(v: Float32) -> Float32:
 
 
 @cute.jit
+def score_bits(logit: Float32) -> Int32:
+    """The routing score of a logit as the word published for it (never EMPTY). The routing
+    op computes its scores with this too, so that it routes as the fused router does."""
+    bits = sigmoid(logit).bitcast(Int32)
+    return Int32(cutlass.select_(bits == Int32(EMPTY), Int32(CANONICAL_NAN), bits))
+
+
+@cute.jit
 def publish(handoff: cute.Tensor, m, n, logit: Float32):
     """Publish the expert's sigmoid score, not its logit: the GEMM's output threads compute
     it side by side, where the routing warp would compute 8-28 of them one after another
     (two MUFU ops each)."""
-    bits = sigmoid(logit).bitcast(Int32)
-    bits = Int32(cutlass.select_(bits == Int32(EMPTY), Int32(CANONICAL_NAN), bits))
-    cute.arch.store(element_ptr(handoff, m, n), bits, sem="relaxed", scope="gpu")
+    cute.arch.store(element_ptr(handoff, m, n), score_bits(logit), sem="relaxed", scope="gpu")
 
 
 @cute.jit

@@ -75,13 +75,14 @@ class LLBf16Dotprod:
         stream: cuda.CUstream,
     ):
         xv, wv = self.vector_views(x, w)
-        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0]), stream=stream, use_pdl=self.pdl)
+        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0], x.shape[0]), stream=stream,
+                                        use_pdl=self.pdl)
 
     def vector_views(self, x, w):
         # Vector views [rows, (vec, K / vec)]: K % vec == 0 is this variant's contract.
         return cute.logical_divide(x, (None, self.vec)), cute.logical_divide(w, (None, self.vec))
 
-    def launch_shape(self, n):
+    def launch_shape(self, n, m):  # m: up to max_m, one CTA's tokens
         """Grid, block and shared memory for N experts (the fused router reuses it)."""
         return dict(
             grid=[(n + self.rows_per_cta - 1) // self.rows_per_cta, 1, 1],

@@ -9,9 +9,10 @@ warp (g = lane / 4, t = lane % 4) loads the 8 contiguous elements [8t, 8t + 8) o
 from experts g and g + 8 and from token g (and g + 8), and feeds elements 0-3 to the first
 k16 MMA and 4-7 to the second. A and B see the same permutation, so the product is exact.
 
-Work split: a CTA owns `tiles` 16-expert tiles and one K slice; its warps split that slice
-again, and the `cluster_k` CTAs of a thread-block cluster hold the slices of one expert tile,
-so small N still fills the GPU. Each warp walks its run of chunks `unroll` chunks per step,
+Work split: a CTA owns `tiles` 16-expert tiles, `tokens` tokens and one K slice; its warps
+split that slice again, and the `cluster_k` CTAs of a thread-block cluster hold the slices of
+one expert tile, so small N still fills the GPU. More than `tokens` tokens take more CTAs
+along the grid's z (each reads its experts' weights again, mostly from L2). Each warp walks its run of chunks `unroll` chunks per step,
 issuing every load of a step before the first MMA. Partial sums meet in shared memory,
 through distributed shared memory: each warp stores its partials into the CTA that finishes
 those outputs, which adds them in (rank, warp) order after one cluster barrier: a fixed
@@ -53,7 +54,7 @@ class LLBf16Mma:
 
     def __init__(
         self,
-        max_m: int,
+        tokens: int,
         tiles: int,
         cluster_k: int,
         warps: int,
@@ -62,11 +63,11 @@ class LLBf16Mma:
         pdl: bool,
         trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
     ):
-        if max_m % TILE_T != 0:
-            raise ValueError(f"max_m must be a multiple of {TILE_T}, got {max_m}")
+        if tokens % TILE_T != 0:
+            raise ValueError(f"tokens must be a multiple of {TILE_T}, got {tokens}")
         if prefetch and not pdl:
             raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
-        self.max_m = max_m
+        self.tokens = tokens
         self.tiles = tiles
         self.cluster_k = cluster_k
         self.warps = warps
@@ -76,8 +77,8 @@ class LLBf16Mma:
         self.threads = warps * cute.arch.WARP_SIZE
         self.ctas_per_sm = 1  # about 200 registers a thread (ptxas), 8 warps
         self.experts = TILE_E * tiles  # experts per CTA
-        self.token_blocks = max_m // TILE_T
-        self.outputs = self.experts * max_m  # partial sums per CTA
+        self.token_blocks = tokens // TILE_T
+        self.outputs = self.experts * tokens  # partial sums per CTA
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.trigger = trigger
@@ -99,15 +100,17 @@ class LLBf16Mma:
         stream: cuda.CUstream,
     ):
         xv, wv = self.vector_views(x, w)
-        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0]), stream=stream, use_pdl=self.pdl)
+        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0], x.shape[0]), stream=stream,
+                                        use_pdl=self.pdl)
 
     def vector_views(self, x, w):
         return cute.logical_divide(x, (None, 8)), cute.logical_divide(w, (None, 8))
 
-    def launch_shape(self, n):
-        """Grid, block, cluster and shared memory for N experts (the fused router reuses it)."""
+    def launch_shape(self, n, m):
+        """Grid, block, cluster and shared memory for N experts and M tokens (the fused router
+        reuses it)."""
         return dict(
-            grid=[self.cluster_k, (n + self.experts - 1) // self.experts, 1],
+            grid=[self.cluster_k, (n + self.experts - 1) // self.experts, (m + self.tokens - 1) // self.tokens],
             block=[self.threads, 1, 1],
             cluster=[self.cluster_k, 1, 1],
             smem=self.smem_bytes(),
@@ -182,7 +185,7 @@ class LLBf16Mma:
         cluster_k: cutlass.Constexpr = self.cluster_k
 
         tidx, _, _ = cute.arch.thread_idx()
-        rank, tile, _ = cute.arch.block_idx()  # grid x = the cluster: rank in it
+        rank, tile, token_tile = cute.arch.block_idx()  # grid x = the cluster: rank in it
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         g = lane // 4
@@ -199,13 +202,14 @@ class LLBf16Mma:
         chunk_end = cutlass.min(chunk_first + run, chunks)
         n_steps = (run + unroll - 1) // unroll
         expert_first = tile * experts
+        token_first = token_tile * self.tokens
 
         # Register i = 2 * tile + half holds expert expert_first + 16 * tile + 8 * half + g.
         w_rows = [
             cutlass.min(expert_first + TILE_E * (i // 2) + 8 * (i % 2) + g, n_count - 1)
             for i in range(tiles * 2)
         ]
-        x_rows = [cutlass.min(TILE_T * b + g, m_count - 1) for b in range(token_blocks)]
+        x_rows = [cutlass.min(token_first + TILE_T * b + g, m_count - 1) for b in range(token_blocks)]
 
         w_regs = cute.make_rmem_tensor((8, unroll, tiles * 2), BFloat16)
         x_regs = cute.make_rmem_tensor((8, unroll, token_blocks), BFloat16)
@@ -296,12 +300,12 @@ class LLBf16Mma:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
-                self._store(out, handoff, idx, total, expert_first, m_count, n_count)
+                self._store(out, handoff, idx, total, token_first, expert_first, m_count, n_count)
 
     @cute.jit
-    def _store(self, out, handoff, idx, total, expert_first, m_count, n_count):
-        token = idx // self.experts
-        expert = expert_first + idx - token * self.experts
+    def _store(self, out, handoff, idx, total, token_first, expert_first, m_count, n_count):
+        token = token_first + idx // self.experts
+        expert = expert_first + idx - (token - token_first) * self.experts
         if token < m_count and expert < n_count:
             out[token, expert] = total.to(out.element_type)
             if const_expr(handoff is not None):
