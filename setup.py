@@ -65,7 +65,7 @@ def extension():
     # relative to setup.py
     sources = ["csrc/ll_bf16_gemm.cpp", "csrc/ll_bf16_router.cpp", "csrc/moe_routing.cpp", "csrc/rms_norm.cpp"]
     include_dirs = [str(ROOT / "csrc"), str(generated)]
-    cxx_flags = ["-O2"]
+    cxx_flags = ["-O2", "-g0"]  # no debug info: _C is a third of the size
     if not cuda_build_wanted():
         return cpp_extension.CppExtension(
             "kimi_router_ops._C", sources, include_dirs=include_dirs,
@@ -86,8 +86,18 @@ def extension():
     )
 
 
+class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
+    """Objects under build/temp instead of pip's throw-away folder: ninja then recompiles only
+    the sources (and headers) that changed since the last install or wheel."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = str(BUILD / "temp")
+
+
 setup(
-    packages=find_packages(include=["kimi_router_ops", "kimi_router_ops.*"]),
+    # The CuTe DSL kernel sources are build inputs (aot.py), compiled into _C: not installed.
+    packages=find_packages(include=["kimi_router_ops", "kimi_router_ops.*"], exclude=["kimi_router_ops.kernels"]),
     ext_modules=[extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt},
 )

@@ -56,8 +56,11 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--small", action="store_true", help="hidden 256, experts 64 (default on the CPU)")
     args = parser.parse_args()
+    if args.tokens < 1:
+        parser.error(f"--tokens must be at least 1, got {args.tokens}")
     hidden, experts, top_k, n_group, topk_group, scaling = MODELS[args.model]
-    if args.small or args.device == "cpu":
+    small = args.small or args.device == "cpu"
+    if small:
         hidden, experts = 256, 64
     torch.manual_seed(0)
     layer = MoEGate(hidden, experts, top_k, n_group, topk_group, scaling, device=args.device)
@@ -81,9 +84,16 @@ def main():
             torch.cuda.synchronize()
             results["CUDA graph"] = graphed
 
-    kernel = kimi_router_ops.chosen_router_variant(args.tokens, experts, hidden, top_k, n_group, topk_group)
-    print(f"{args.model}: {args.tokens} token(s), hidden {hidden}, {experts} experts, top-{top_k}, "
-          f"on {args.device} (router kernel {kernel} on sm_90)")
+    shape = f"a small {args.model}-like router" if small else args.model
+    print(f"{shape}: {args.tokens} token(s), hidden {hidden}, {experts} experts, top-{top_k}, on {args.device}")
+    if args.device == "cpu":
+        print("  (no GPU: the reference ops run; on an sm_90 or sm_100 GPU the router is "
+              f"{kimi_router_ops.chosen_router_variant(args.tokens, experts, hidden, top_k, n_group, topk_group)})")
+    else:
+        major, minor = torch.cuda.get_device_capability()
+        kernel = kimi_router_ops.chosen_router_variant(args.tokens, experts, hidden, top_k, n_group, topk_group,
+                                                       major * 10 + minor)
+        print(f"  router: {kernel}")
     for name, (chosen, weights, _, _) in results.items():
         same = torch.equal(chosen, eager[0])
         close = torch.allclose(weights, eager[1], rtol=1e-5, atol=1e-6)

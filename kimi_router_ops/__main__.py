@@ -45,8 +45,13 @@ def main():
         weights = weight_copies(N, K, 3 * l2_bytes(device), device)  # cold L2 per call
     else:
         sm, name, weights = 0, "cpu", [torch.randn(N, K).to(torch.bfloat16)]
+        built = len(kimi_router_ops.compiled_kernels())
+        print("No GPU found: this checks the CPU reference. Its times are CPU times, not results;"
+              + (f" the {built} CUDA kernels built into _C run only on an sm_90 or sm_100 GPU."
+                 if built else " this _C was built without CUDA kernels.")
+              + " On such a GPU, run this again, or `python -m kimi_router_ops.bench`.")
     print(f"kimi_router_ops on {name}: logits[M, {N}] = x[M, {K}] @ W[{N}, {K}]^T, fp32 out")
-    header = f"{'M':>4}  {'kernel':<18} {'us/call':>9} {'rel.err':>9}"
+    header = f"{'M':>4}  {'kernel':<18} {'us/call' if device.type == 'cuda' else 'CPU us':>9} {'rel.err':>9}"
     if device.type == "cuda":
         header += f"  {'cuBLAS us':>9} {'speedup':>7}"
     print(header)

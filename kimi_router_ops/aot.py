@@ -285,22 +285,25 @@ def runtime_library() -> Path:
 
 def build_arch(out_dir: Path, arch: str) -> None:
     """Compile one architecture's kernels (CuTe DSL reads the target from CUTE_DSL_ARCH)."""
-    kernels = [k for k in variants.compiled_kernels() if k[3] == arch]
     shutil.rmtree(out_dir / arch, ignore_errors=True)  # no objects of since-removed variants
     Path(os.environ["CUTE_DSL_DUMP_DIR"]).mkdir(parents=True, exist_ok=True)  # PTX lands here
-    jobs = [lambda k=k: compile_kernel(*k[:4], out_dir) for k in kernels]
-    jobs += [
-        lambda r=r: compile_router_kernel(*r[:3], out_dir)
-        for r in variants.compiled_router_kernels()
-        if r[2] == arch
-    ]
-    jobs += [lambda k=k: compile_routing_kernel(k[0], arch, out_dir)
-             for k in variants.compiled_routing_kernels() if k[1] == arch]
-    jobs += [lambda k=k: compile_norm_kernel(k[0], arch, out_dir) for k in variants.compiled_norm_kernels() if k[1] == arch]
+    families = {
+        "GEMM": [lambda k=k: compile_kernel(*k[:4], out_dir)
+                 for k in variants.compiled_kernels() if k[3] == arch],
+        "fused router": [lambda r=r: compile_router_kernel(*r[:3], out_dir)
+                         for r in variants.compiled_router_kernels() if r[2] == arch],
+        "routing": [lambda k=k: compile_routing_kernel(k[0], arch, out_dir)
+                    for k in variants.compiled_routing_kernels() if k[1] == arch],
+        "norm": [lambda k=k: compile_norm_kernel(k[0], arch, out_dir)
+                 for k in variants.compiled_norm_kernels() if k[1] == arch],
+    }
+    counts = ", ".join(f"{len(jobs)} {family}" for family, jobs in families.items())
+    print(f"[aot {arch}] compiling {sum(len(j) for j in families.values())} kernels ({counts})", flush=True)
     start = time.time()
-    for i, job in enumerate(jobs, 1):
-        symbol = job()
-        print(f"[aot {arch} {i}/{len(jobs)} {time.time() - start:5.1f}s] {symbol}", flush=True)
+    for family, jobs in families.items():
+        for job in jobs:
+            job()
+        print(f"[aot {arch}] {len(jobs)} {family} kernels done, {time.time() - start:.0f} s", flush=True)
 
 
 def build(out_dir: Path) -> None:

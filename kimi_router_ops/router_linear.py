@@ -22,6 +22,11 @@ class RouterLinear(nn.Module):
 
     def __init__(self, in_features: int, num_experts: int, out_dtype=torch.float32, device=None):
         super().__init__()
+        if out_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"RouterLinear: out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
+        if in_features < 1 or num_experts < 1:
+            raise ValueError(f"RouterLinear: in_features and num_experts must be >= 1, got "
+                             f"{in_features} and {num_experts}")
         self.in_features = in_features
         self.num_experts = num_experts
         self.out_dtype = out_dtype
@@ -34,6 +39,11 @@ class RouterLinear(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's initialization
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch._check_value(
+            x.dim() >= 1 and x.shape[-1] == self.in_features,
+            lambda: f"RouterLinear: x must have in_features={self.in_features} as its last dimension, "
+            f"got shape {list(x.shape)}",
+        )
         logits = ll_bf16_gemm(x.reshape(-1, self.in_features), self.weight, self.out_dtype)
         return logits.reshape(*x.shape[:-1], self.num_experts)
 

@@ -58,6 +58,7 @@ class Mma:
     warps: int
     unroll: int
     tokens: int
+    pass_tokens: int = 0  # tokens loaded at once, in passes over the same weights (0: all)
     vecs = (8,)  # 16-byte loads only: K % 8 == 0 and 16-byte aligned rows
 
     def prefetch_loads(self) -> int:
@@ -88,9 +89,10 @@ class Variant:
 
 
 def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False,
-         trigger="after_x", tokens=None):
+         trigger="after_x", tokens=None, pass_tokens=0):
     """A tensor-core row; `tokens` (tokens per CTA) defaults to m_hi."""
-    return Variant(name, m_lo, m_hi, n_min, n_max, Mma(tiles, cluster_k, warps, unroll, tokens or m_hi),
+    return Variant(name, m_lo, m_hi, n_min, n_max,
+                   Mma(tiles, cluster_k, warps, unroll, tokens or m_hi, pass_tokens),
                    prefetch=prefetch, pdl=True, automatic=automatic, trigger=trigger)
 
 
@@ -167,6 +169,15 @@ VARIANTS = (
          automatic=True),
     _mma("mma64_t1c4w8u4", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=4, tokens=64),
     _mma("mma64_t1c8w8u2", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=2, tokens=64),
+    # 32 or 64 tokens a CTA in passes of 16 or 8 over the weights in its registers.
+    _mma("mma32p16_t2c4w8u7_before_wait", 17, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
+         tokens=32, pass_tokens=16, trigger="before_wait"),
+    _mma("mma32p8_t2c4w8u7_before_wait", 17, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
+         tokens=32, pass_tokens=8, trigger="before_wait"),
+    _mma("mma64p16_t2c4w8u4_before_wait", 17, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=4,
+         tokens=64, pass_tokens=16, trigger="before_wait"),
+    _mma("mma32_t2c4w8u4_before_wait", 17, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=4,
+         tokens=32, trigger="before_wait"),
 )
 
 

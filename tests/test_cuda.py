@@ -69,6 +69,28 @@ def test_tensor_core_variants_take_any_m_in_token_tiles(variant):
             check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant), x, w, torch.float32)
 
 
+def test_tensor_core_kernels_of_one_k_split_sum_alike():
+    """Kernels that split K alike (cluster, warps, chunks a step) add each output's products
+    in the same order, whatever their tokens a CTA, passes or tiles: the same logits, bit
+    for bit. (So a token-tiled kernel above M = 16 gives each token what the 16-token kernel
+    gives it.)"""
+    groups = {}
+    for v in variants.VARIANTS:
+        if isinstance(v.kernel, variants.Mma):
+            groups.setdefault((v.kernel.cluster_k, v.kernel.warps, v.kernel.unroll), []).append(v.name)
+    compared = 0
+    for names in groups.values():
+        if len(names) < 2:
+            continue
+        for n, m in [(200, 5), (896, 40), (33, 70)]:
+            x, w = random_bf16(m, 7168, device="cuda"), random_bf16(n, 7168, device="cuda")
+            outs = [kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name) for name in names]
+            for name, out in zip(names[1:], outs[1:]):
+                assert torch.equal(out, outs[0]), (names[0], name, n, m)
+            compared += 1
+    assert compared >= 6
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     m=st.integers(1, 300),

@@ -259,7 +259,7 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
     for v, vec, dt in mma_kernels():
         ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
         weights = 2 * v.kernel.tiles * v.kernel.unroll
-        tokens = (v.kernel.tokens // 8) * v.kernel.unroll
+        tokens = ((v.kernel.pass_tokens or v.kernel.tokens) // 8) * v.kernel.unroll  # the first pass
         signal_after = {"at_entry": 0, "before_wait": weights, "after_x": weights + tokens}[v.trigger]
         for mark, loads in (("mma.sync", weights + tokens), ("griddepcontrol.launch_dependents", signal_after)):
             head = ptx.partition(mark)[0]

@@ -18,7 +18,9 @@ through distributed shared memory: each warp stores its partials into the CTA th
 those outputs, which adds them in (rank, warp) order after one cluster barrier: a fixed
 order, no atomics, bitwise repeatable, one launch.
 
-x costs (tokens / (16 * tiles)) of W's bytes, read through L2 once per CTA. Tokens past M
+x costs (tokens / (16 * tiles)) of W's bytes, read through L2 once per CTA. A CTA may load
+its tokens in passes of `pass_tokens`, one after another, each multiplied by the weights
+already in its registers: the same products in the same order, fewer registers. Tokens past M
 and experts past N are clamped to the last valid row (loaded, never stored); chunks past a
 warp's run or past K are clamped and zeroed, so every address is in bounds and the loop has
 no branches around loads.
@@ -62,9 +64,12 @@ class LLBf16Mma:
         prefetch: bool,
         pdl: bool,
         trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
+        pass_tokens: int = 0,  # tokens loaded at once (0: all `tokens`); see body
     ):
-        if tokens % TILE_T != 0:
-            raise ValueError(f"tokens must be a multiple of {TILE_T}, got {tokens}")
+        pass_tokens = pass_tokens or tokens
+        if pass_tokens % TILE_T != 0 or tokens % pass_tokens != 0:
+            raise ValueError(f"tokens ({tokens}) must be a multiple of pass_tokens ({pass_tokens}), "
+                             f"a multiple of {TILE_T}")
         if prefetch and not pdl:
             raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
         self.tokens = tokens
@@ -78,6 +83,8 @@ class LLBf16Mma:
         self.ctas_per_sm = 1  # about 200 registers a thread (ptxas), 8 warps
         self.experts = TILE_E * tiles  # experts per CTA
         self.token_blocks = tokens // TILE_T
+        self.pass_blocks = pass_tokens // TILE_T
+        self.passes = tokens // pass_tokens
         self.outputs = self.experts * tokens  # partial sums per CTA
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
@@ -128,13 +135,14 @@ class LLBf16Mma:
                 self._load_vec(wv[w_rows[i], (None, columns[u])], w_regs[None, u, i])
 
     @cute.jit
-    def _load_tokens(self, xv, x_regs, x_rows, columns):
+    def _load_tokens(self, xv, x_regs, x_rows, columns, p):
+        """Pass p's token blocks."""
         for u in cutlass.range_constexpr(self.unroll):
-            for b in cutlass.range_constexpr(self.token_blocks):
-                self._load_vec(xv[x_rows[b], (None, columns[u])], x_regs[None, u, b])
+            for b in cutlass.range_constexpr(self.pass_blocks):
+                self._load_vec(xv[x_rows[p * self.pass_blocks + b], (None, columns[u])], x_regs[None, u, b])
 
     @cute.jit
-    def _multiply(self, mma, w_regs, x_regs, a_frag, acc, padding):
+    def _multiply(self, mma, w_regs, x_regs, a_frag, acc, padding, p):
         for u in cutlass.range_constexpr(self.unroll):
             if padding[u]:
                 # Zero both operands of a clamped chunk (either may hold inf or NaN).
@@ -149,11 +157,12 @@ class LLBf16Mma:
                         for r in cutlass.range_constexpr(2):
                             a_frag[4 * j + 2 * r, 0, 0] = w_regs[e + 2 * j, u, 2 * i + r]
                             a_frag[4 * j + 2 * r + 1, 0, 0] = w_regs[e + 2 * j + 1, u, 2 * i + r]
-                    for b in cutlass.range_constexpr(self.token_blocks):
+                    for b in cutlass.range_constexpr(self.pass_blocks):
                         b_frag = cute.make_tensor(
                             x_regs[None, u, b].iterator + e, cute.make_layout((4, 1, 1))
                         )
-                        c = cute.make_tensor(acc[None, i, b].iterator, cute.make_layout((4, 1, 1)))
+                        c = cute.make_tensor(acc[None, i, p * self.pass_blocks + b].iterator,
+                                             cute.make_layout((4, 1, 1)))
                         cute.gemm(mma, c, a_frag, b_frag, c)
 
     def _step_columns(self, s, chunk_first, chunk_end, t, kv_count):
@@ -212,7 +221,7 @@ class LLBf16Mma:
         x_rows = [cutlass.min(token_first + TILE_T * b + g, m_count - 1) for b in range(token_blocks)]
 
         w_regs = cute.make_rmem_tensor((8, unroll, tiles * 2), BFloat16)
-        x_regs = cute.make_rmem_tensor((8, unroll, token_blocks), BFloat16)
+        x_regs = cute.make_rmem_tensor((8, unroll, self.pass_blocks), BFloat16)
         # Fragments as (values, 1, 1): one MMA atom's worth for cute.gemm.
         a_frag = cute.make_rmem_tensor((8, 1, 1), BFloat16)
         acc = cute.make_rmem_tensor((4, tiles, token_blocks), Float32)
@@ -247,19 +256,25 @@ class LLBf16Mma:
             cute.arch.griddepcontrol_wait()
         if const_expr(not self.prefetch):
             self._load_weights(wv, w_regs, w_rows, columns)
-        self._load_tokens(xv, x_regs, x_rows, columns)
+        self._load_tokens(xv, x_regs, x_rows, columns, 0)
         if const_expr(self.pdl and self.trigger == "after_x"):
             # Safe this early: a dependent cannot read our output before its own wait returns,
             # which is after this grid has finished; meanwhile it can stream its weights.
             cute.arch.griddepcontrol_launch_dependents()
         elif const_expr(self.pdl):
             _keep_loads_above()
-        self._multiply(mma, w_regs, x_regs, a_frag, acc, padding)
+        self._multiply(mma, w_regs, x_regs, a_frag, acc, padding, 0)
+        # More passes: the step's weights stay in registers while the next tokens load (an
+        # L2 round trip each, where more tokens at once would not fit in the registers).
+        for p in cutlass.range_constexpr(1, self.passes):
+            self._load_tokens(xv, x_regs, x_rows, columns, p)
+            self._multiply(mma, w_regs, x_regs, a_frag, acc, padding, p)
         for s in cutlass.range(1, n_steps, unroll=1):
             columns, padding = self._step_columns(s, chunk_first, chunk_end, t, kv_count)
             self._load_weights(wv, w_regs, w_rows, columns)
-            self._load_tokens(xv, x_regs, x_rows, columns)
-            self._multiply(mma, w_regs, x_regs, a_frag, acc, padding)
+            for p in cutlass.range_constexpr(self.passes):
+                self._load_tokens(xv, x_regs, x_rows, columns, p)
+                self._multiply(mma, w_regs, x_regs, a_frag, acc, padding, p)
 
         # Reduction: CTA `rank` of the cluster finishes outputs [rank * share, (rank + 1) *
         # share). Every warp of every CTA stores its partial sums straight into the slot
