@@ -60,12 +60,18 @@ Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, bool vec8_ok) 
   if (!kernels_support(sm, N, K)) {
     return cublas;
   }
-  // M without an automatic row goes to cuBLAS (variants.py says why); a row built for
-  // 16-byte loads only is passed over when the input does not allow them.
-  for (const VariantRow& row : kVariantRows) {
-    if (row.automatic && row.m_lo <= M && M <= row.m_hi && row.n_min <= N && N <= row.n_max &&
-        (vec8_ok || row.scalar_loads)) {
-      return {&row, vec8_ok ? 8 : 1};
+  // The first line of CHOICES that takes the problem (variants.py); a row built for 16-byte
+  // loads only is passed over when the input does not allow them. No line: cuBLAS.
+  for (const ChoiceRow& choice : kChoiceRows) {
+    if (choice.m_lo <= M && M <= choice.m_hi && choice.n_min <= N && N <= choice.n_max &&
+        choice.k_min <= K && K <= choice.k_max) {
+      if (choice.variant < 0) {
+        return cublas;
+      }
+      const VariantRow& row = kVariantRows[choice.variant];
+      if (vec8_ok || row.scalar_loads) {
+        return {&row, vec8_ok ? 8 : 1};
+      }
     }
   }
   return cublas;

@@ -1,19 +1,25 @@
 #pragma once
 
+#include <cstdint>
+
 namespace kimi {
 
 // One row of the variant table (kimi_router_ops/variants.py, emitted as kimi_variant_table.h).
 struct VariantRow {
   const char* name;
-  int m_lo;  // chosen automatically for m_lo <= M <= m_hi and n_min <= N <= n_max
-  int m_hi;  // (first match)
-  int max_m;  // the largest M the kernel computes (a dot product's token bucket)
-  int n_min;
-  int n_max;
+  int m_hi;  // a dot product's token bucket
+  int max_m;  // the largest M the kernel computes
   bool scalar_loads;  // also compiled with scalar loads (any K, any alignment)
   bool prefetch;
   bool pdl;
-  bool automatic;  // false: run only when asked for by name
+};
+
+// One line of the automatic choice (CHOICES): the kernel for m_lo <= M <= m_hi,
+// n_min <= N <= n_max, k_min <= K <= k_max, first match; variant -1 is cuBLAS.
+struct ChoiceRow {
+  int variant;  // index into kVariantRows, or -1
+  int m_lo, m_hi;
+  int64_t n_min, n_max, k_min, k_max;
 };
 
 // One row of the fused router table (ROUTER_VARIANTS): a GEMM kernel plus routing.

@@ -89,7 +89,7 @@ def implementations(config, m, gemm_variants=()):
     # GEMM rows named on the command line, alone: what the fused rows' GEMM kernels cost.
     for name in gemm_variants:
         v = variants.variant(name)
-        if v.m_lo <= m <= v.m_hi and v.n_min <= n <= v.n_max:
+        if m <= v.max_m:
             impls[f"gemm {name}"] = lambda x, w, b, name=name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)
     return impls
 
@@ -109,7 +109,7 @@ def run(configs, m_list, replays, rounds, gemm_variants=()):
         # Each round allocates its own weights and biases and captures every
         # implementation's graphs afresh (new outputs and handoff buffers), in turn: where
         # the buffers land in memory sets which of two speed levels a kernel runs at
-        # (docs/benchmarks.md, step 46), so a cell is the median over placements, and a drift
+        # (docs/kernel-notes.md), so a cell is the median over placements, and a drift
         # in the GPU's state during the case reaches every implementation alike.
         for _ in range(rounds):
             weights = weight_copies(n, K, 3 * l2_bytes())

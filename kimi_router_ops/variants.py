@@ -18,7 +18,7 @@ INT32_MAX = 2**31 - 1
 # own grid-dependency wait ("before_wait"), or at kernel entry, before that prefetch
 # ("at_entry"). Each is safe: the next kernel reads nothing of ours before its own wait
 # returns, after our grid has finished. Results do not change; only what the next kernel's
-# weight stream overlaps (docs/benchmarks.md, steps 32-33 and 56).
+# weight stream overlaps (docs/kernel-notes.md).
 TRIGGERS = ("after_x", "before_wait", "at_entry")
 
 
@@ -68,14 +68,11 @@ class Mma:
 @dataclass(frozen=True)
 class Variant:
     name: str
-    m_lo: int  # the dispatch picks this row for m_lo <= M <= m_hi and n_min <= N <= n_max ...
-    m_hi: int  # ... (first match wins); a dot product's m_hi is also its token bucket
-    n_min: int
-    n_max: int
+    m_lo: int  # the M it is built for (the benchmarks' range for it) ...
+    m_hi: int  # ... a dot product's m_hi is also its token bucket
     kernel: Union[Dotprod, Mma]
     prefetch: bool  # load the first weight step before the PDL grid-dependency wait
     pdl: bool  # launched with programmatic dependent launch
-    automatic: bool  # False: run only when asked for by name (benchmarks, tests)
     trigger: str = "after_x"  # one of TRIGGERS
 
     def __post_init__(self):
@@ -87,99 +84,95 @@ class Variant:
         take any M (grid z: 65535 CTAs of `tokens`)."""
         return 65535 * self.kernel.tokens if isinstance(self.kernel, Mma) else self.m_hi
 
+    @property
+    def automatic(self) -> bool:
+        """Chosen by the dispatch for some problem (CHOICES); otherwise run only by name."""
+        return any(c.variant == self.name for c in CHOICES)
 
-def _mma(name, m_lo, m_hi, n_min, n_max, tiles, cluster_k, warps, unroll, prefetch=True, automatic=False,
-         trigger="after_x", tokens=None, pass_tokens=0):
+
+def _mma(name, m_lo, m_hi, tiles, cluster_k, warps, unroll, prefetch=True, trigger="after_x", tokens=None,
+         pass_tokens=0):
     """A tensor-core row; `tokens` (tokens per CTA) defaults to m_hi."""
-    return Variant(name, m_lo, m_hi, n_min, n_max,
-                   Mma(tiles, cluster_k, warps, unroll, tokens or m_hi, pass_tokens),
-                   prefetch=prefetch, pdl=True, automatic=automatic, trigger=trigger)
+    return Variant(name, m_lo, m_hi, Mma(tiles, cluster_k, warps, unroll, tokens or m_hi, pass_tokens),
+                   prefetch=prefetch, pdl=True, trigger=trigger)
 
 
-def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, automatic=False, window=0,
-             trigger="after_x"):
-    return Variant(name, m_lo, m_hi, 1, INT32_MAX, Dotprod(rows, unroll, threads, window),
-                   prefetch=prefetch, pdl=pdl, automatic=automatic, trigger=trigger)
+def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, window=0, trigger="after_x"):
+    return Variant(name, m_lo, m_hi, Dotprod(rows, unroll, threads, window), prefetch=prefetch, pdl=pdl,
+                   trigger=trigger)
 
 
-# The automatic rows, first match wins; each was the fastest compiled kernel for its M and N
-# on an H200 (docs/benchmarks.md, "Choosing the table"). Every kernel issues all the weight
-# loads of its share of K at once, and the prefetching ones do it before the PDL wait.
-# The other rows run only when named: the previous choices and the no-prefetch/no-PDL twins,
-# kept so the benchmarks can show what each choice is worth.
+# Every compiled GEMM kernel. CHOICES below says which runs where; the rest run only when
+# named (benchmarks, tests, the fused router). Why each knob is set as it is:
+# docs/kernel-notes.md.
 VARIANTS = (
-    # M = 1: CUDA cores, 4 experts per CTA, 256 threads, 4 vectors per thread and expert.
-    _dotprod("m1_prefetch_r4_t256", 1, 1, rows=4, unroll=4, threads=256, automatic=True),
-    # M = 2..16: tensor cores, 32 experts per CTA, K split over the CTAs of a cluster and
-    # their warps so that each warp owns 7 chunks of 32 (K = 7168) and loads them at once.
-    _mma("mma8_t2c4w8u7", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, automatic=True),
-    # M = 9..16: the same with 16 tokens a tile. (mma16_t2c8w4u7, half the warps and twice
-    # the CTAs of a cluster, was chosen before for N outside 320..511; this one measured
-    # 0.0-0.26 us faster there at d0c137e, and its 8 warps route twice as many tokens at
-    # once in the fused router.) For more than 384 experts it lets the next kernel launch
-    # before its PDL wait: 0.23-0.37 us faster for Kimi-K3 at M = 9..16, twice; Kimi-K2's
-    # N measured 0.23-0.29 slower, DeepSeek-V3's the same (docs/benchmarks.md, step 33).
-    _mma("mma16_t2c4w8u7_before_wait", 9, 16, 385, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
-         automatic=True, trigger="before_wait"),
-    _mma("mma16_t2c4w8u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, automatic=True),
-    # M = 2..4 when 16-byte loads are impossible (odd K, misaligned rows): the dot product
-    # with scalar loads. Larger such M go to cuBLAS.
-    _dotprod("m2", 2, 2, rows=2, unroll=4, prefetch=False, automatic=True),
-    _dotprod("m4", 3, 4, rows=2, unroll=4, prefetch=False, automatic=True),
-    # Named only.
+    _dotprod("m1_prefetch_r4_t256", 1, 1, rows=4, unroll=4, threads=256),  # M = 1
+    _mma("mma8_t2c4w8u7", 2, 8, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 2..8: 7 chunks a warp at K = 7168
+    _mma("mma16_t2c4w8u7", 9, 16, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 9..16
+    _mma("mma16_t2c4w8u7_before_wait", 9, 16, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
+    _mma("mma8_t2c4w8u8", 2, 8, tiles=2, cluster_k=4, warps=8, unroll=8),  # K up to 8192 in one step
+    _mma("mma16_t1c8w8u4", 9, 16, tiles=1, cluster_k=8, warps=8, unroll=4),  # the same for 16 tokens
+    # 32 tokens a CTA in two passes of 16 over the weights in its registers (M = 17..96).
+    _mma("mma32p16_t2c4w8u7_before_wait", 17, 96, tiles=2, cluster_k=4, warps=8, unroll=7, tokens=32,
+         pass_tokens=16, trigger="before_wait"),
+    # Scalar loads (any K, any alignment); also N > 896 at small K, where the tensor-core
+    # grid (32 clusters) does not fit at once.
+    _dotprod("m2", 2, 2, rows=2, unroll=4, prefetch=False),
+    _dotprod("m4", 3, 4, rows=2, unroll=4, prefetch=False),
+    _dotprod("m8", 5, 8, rows=4, unroll=2, prefetch=False),
+    # The fused router's GEMMs (ROUTER_GEMMS) where the GEMM op runs another kernel.
+    _dotprod("m2_prefetch_r4_t256", 2, 2, rows=4, unroll=4, threads=256),
+    _mma("mma8_t1c4w8u7", 1, 8, tiles=1, cluster_k=4, warps=8, unroll=7),  # also the GEMM op's for N <= 128
+    _mma("mma16_t1c4w8u7", 1, 16, tiles=1, cluster_k=4, warps=8, unroll=7),
+    # What the prefetch, PDL and trigger point are worth (tests, bench_chain).
     _dotprod("m1_r4_t256", 1, 1, rows=4, unroll=4, threads=256, prefetch=False),
     _dotprod("m1_r4_t256_nopdl", 1, 1, rows=4, unroll=4, threads=256, prefetch=False, pdl=False),
-    _dotprod("m1_prefetch_r2", 1, 1, rows=2, unroll=8),
-    _dotprod("m1_prefetch", 1, 1, rows=1, unroll=8),
-    _dotprod("m1_prefetch_r2_t512", 1, 1, rows=2, unroll=2, threads=512),
-    # The chosen M = 1 kernel with a smaller prefetch window (of its 16 loads per thread,
-    # only the first 1, 2, 4 or 8 go before the PDL wait): behind a producer, fewer early
-    # requests may crowd it less (bench_chain sweeps them).
-    *(_dotprod(f"m1_prefetch_r4_t256_w{w}", 1, 1, rows=4, unroll=4, threads=256, window=w) for w in (1, 2, 4, 8)),
-    # The M = 1 kernel's shape with two tokens: the fused router's GEMM at M = 2 up to 256
-    # experts (ROUTER_GEMMS).
-    _dotprod("m2_prefetch_r4_t256", 2, 2, rows=4, unroll=4, threads=256),
-    _dotprod("m8", 5, 8, rows=4, unroll=2, prefetch=False),
-    _dotprod("m16", 9, 16, rows=4, unroll=1, prefetch=False),
-    _mma("mma8_t2c4w8u7_noprefetch", 1, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
-    _mma("mma8_t2c4w8u8", 1, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=8),
-    _mma("mma8_t1c8w8u4", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
-    _mma("mma16_t1c8w8u4", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4),
-    _mma("mma16_t2c8w4u7", 9, 16, 1, INT32_MAX, tiles=2, cluster_k=8, warps=4, unroll=7),
-    # The M = 1..8 choices letting the next kernel launch before their PDL wait: the GEMM
-    # alone measured no faster (M = 1: 0.2-0.4 us slower; step 33).
     _dotprod("m1_prefetch_r4_t256_before_wait", 1, 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
-    _mma("mma8_t2c4w8u7_before_wait", 2, 8, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
-         trigger="before_wait"),
-    # One 16-expert tile a CTA: twice the CTAs of the chosen rows (64 for DeepSeek-V3's N,
-    # 96 for Kimi-K2's), each streaming half the weights. Alone slower back to back
-    # (DeepSeek-V3 0.03-0.24 us, Kimi-K2 0.3-0.7: the next call's CTAs find fewer free SMs),
-    # 0.45-0.55 faster serialized; the fused router's GEMM for Kimi-K2-sized N at M = 2..16
-    # and DeepSeek-V3-sized at M = 9..16 (ROUTER_GEMMS).
-    _mma("mma8_t1c4w8u7", 1, 8, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
-    _mma("mma16_t1c4w8u7", 1, 16, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7),
-    # Candidates for M = 17..256: 32 or 64 tokens a CTA, fewer chunks a step to stay within
-    # the registers.
-    _mma("mma32_t2c4w8u4", 17, 32, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=4, tokens=32,
-         automatic=True),
-    _mma("mma32_t1c4w8u7", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=7, tokens=32),
-    _mma("mma32_t4c4w8u2", 17, 256, 1, INT32_MAX, tiles=4, cluster_k=4, warps=8, unroll=2, tokens=32),
-    _mma("mma32_t1c8w8u4", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=4, tokens=32),
-    _mma("mma64_t2c4w8u2", 33, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=2, tokens=64,
-         automatic=True),
-    _mma("mma64_t1c4w8u4", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=4, warps=8, unroll=4, tokens=64),
-    _mma("mma64_t1c8w8u2", 17, 256, 1, INT32_MAX, tiles=1, cluster_k=8, warps=8, unroll=2, tokens=64),
-    # 32 or 64 tokens a CTA in passes of 16 or 8 over the weights in its registers.
-    _mma("mma32p16_t2c4w8u7_before_wait", 17, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
-         tokens=32, pass_tokens=16, trigger="before_wait"),
-    _mma("mma32p8_t2c4w8u7_before_wait", 17, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=7,
-         tokens=32, pass_tokens=8, trigger="before_wait"),
-    _mma("mma64p16_t2c4w8u4_before_wait", 17, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=4,
-         tokens=64, pass_tokens=16, trigger="before_wait"),
-    _mma("mma32_t2c4w8u4_before_wait", 17, 256, 1, INT32_MAX, tiles=2, cluster_k=4, warps=8, unroll=4,
-         tokens=32, trigger="before_wait"),
+    *(_dotprod(f"m1_prefetch_r4_t256_w{w}", 1, 1, rows=4, unroll=4, threads=256, window=w) for w in (1, 2, 4, 8)),
+    _mma("mma8_t2c4w8u7_noprefetch", 1, 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
+    _mma("mma8_t2c4w8u7_before_wait", 2, 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
 )
 
+
+class Choice(NamedTuple):
+    """One line of the automatic choice: `variant` ("cublas": at::mm) for m_lo <= M <= m_hi,
+    n_min <= N <= n_max and k_min <= K <= k_max. A row built for 16-byte loads only is passed
+    over when the input does not allow them."""
+
+    variant: str
+    m_lo: int
+    m_hi: int
+    n_min: int = 1
+    n_max: int = INT32_MAX
+    k_min: int = 1
+    k_max: int = INT32_MAX
+
+
+# The automatic choice, first match wins; each line was the fastest on an H200 where it
+# applies (docs/benchmarks.md). Problems no line takes go to cuBLAS.
+CHOICES = (
+    Choice("m1_prefetch_r4_t256", 1, 1),
+    Choice("mma8_t2c4w8u8", 2, 8, k_min=7169, k_max=8192),  # u7 takes two steps there
+    Choice("mma8_t1c4w8u7", 2, 8, n_max=128),
+    Choice("m2", 2, 2, n_min=897, k_max=4096),
+    Choice("m4", 3, 4, n_min=897, k_max=4096),
+    Choice("m8", 5, 8, n_min=897, k_max=2048),
+    Choice("mma8_t2c4w8u7", 2, 8),
+    Choice("mma16_t1c8w8u4", 9, 16, n_max=256, k_min=7169, k_max=8192),
+    Choice("cublas", 9, 16, n_min=897),
+    Choice("mma16_t2c4w8u7_before_wait", 9, 16, n_min=385),
+    Choice("mma16_t2c4w8u7", 9, 16),
+    # Above 16 tokens, measured at K = 7168 only: more token tiles of 16 (grid z) while the
+    # clusters fit at once, then 32 tokens a CTA in two passes; cuBLAS beyond.
+    Choice("mma16_t2c4w8u7_before_wait", 17, 48, n_max=256, k_max=7168),
+    Choice("mma16_t2c4w8u7_before_wait", 17, 32, n_min=257, n_max=384, k_max=7168),
+    Choice("mma32p16_t2c4w8u7_before_wait", 49, 96, n_max=256, k_max=7168),
+    Choice("mma32p16_t2c4w8u7_before_wait", 33, 64, n_min=257, n_max=384, k_max=7168),
+    Choice("mma32p16_t2c4w8u7_before_wait", 17, 32, n_min=385, n_max=896, k_max=7168),
+    # K % 8 != 0 or misaligned rows: scalar loads up to M = 4, cuBLAS beyond.
+    Choice("m2", 2, 2),
+    Choice("m4", 3, 4),
+)
 
 
 @dataclass(frozen=True)
@@ -203,7 +196,7 @@ class RouterVariant:
     # The routing warps ask L2 for the bias at kernel entry, before the PDL wait (one
     # cp.async.bulk.prefetch.L2: it reads nothing into registers, so it is safe whatever
     # the previous kernel writes). A model's per-layer bias is cold in L2 by the time the
-    # routing reads it (docs/benchmarks.md, step 34).
+    # routing reads it (docs/kernel-notes.md).
     bias_prefetch: bool = False
     # Tensor-core rows: each token routed by a warp of the last cluster's CTA that publishes
     # it, not by the m-th CTA from the end (kernels/ll_bf16_router.py, _routing_unit).
@@ -215,7 +208,7 @@ class RouterVariant:
 
 # A lane's share of the experts is a chain of instructions in one warp, so each N range gets
 # its own kernels: 8 experts a lane for DeepSeek-V3, 12 for Kimi-K2, 28 for Kimi-K3, 32 up
-# to 1024 experts (docs/benchmarks.md, "The whole router").
+# to 1024 experts (docs/kernel-notes.md).
 ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
 
 
@@ -232,54 +225,12 @@ class RouterGemm(NamedTuple):
     at_publisher: bool = False
 
 
-# Each entry fuses the GEMM kernel that the GEMM op picks for the same M and N, or one
-# that computes the same logits bit for bit: the tensor-core kernels with one 16-expert tile
-# a CTA instead of two (t1c4 against t2c4) split K the same way and give each expert the
-# same row of its MMA tile, so every sum is the same. With twice the CTAs (64 and 96), they
-# made the whole router 0.09-0.25 us faster for Kimi-K2-sized N at M = 2..16 and
-# DeepSeek-V3-sized N at M = 9..16, in three runs on two machines, though alone they are
-# slower back to back; for DeepSeek-V3-sized N at M = 2..8 they were 0.1-0.35 slower
-# (docs/benchmarks.md, step 38).
-# In two places the logits are the fused kernel's, bit for bit, not the GEMM op's: at M = 1
-# for more than 384 experts the tensor-core kernel of M = 2..8 made the whole router 1.5 us
-# faster than the dot product (Kimi-K3: 5.83 against 7.36 us), though the dot product is the
-# faster GEMM alone; at M = 2 up to 256 experts the M = 1 dot product's shape with two
-# tokens, alone on its SMs like the M = 1 rows, made it 0.15 us faster than the tensor-core
-# kernel, twice (DeepSeek-V3 3.35 against 3.50, 3.38 against 3.54). For Kimi-K2's N it
-# measured 0.12 us faster on one machine and 0.68 slower on another; with four tokens 1.1-2.1
-# us slower (docs/benchmarks.md, step 37).
-# The dot product's grids (64 and 96 CTAs) fit one CTA per SM, and alone its routing CTA
-# ran Kimi-K2 at M = 1 in 2.91 us instead of 3.69 (docs/benchmarks.md, step 25); the
-# tensor-core kernels hold a whole SM each anyway.
-# The trigger point is "before_wait" where that measured faster for the whole router,
-# twice: DeepSeek-V3 at M = 1 (-0.2 us), Kimi-K2 at M = 2..8 (-0.1 to -0.2; on the one-tile
-# kernel -0.05 to -0.15, step 38), and, with the bias prefetch, Kimi-K3 at M = 9..16 (-0.22
-# and -0.24, step 35; the GEMM op's own point there); since step 45 also Kimi-K3 at M = 1..8
-# (-0.03 to -0.08, serialized faster too), Kimi-K2 at M = 9..16 (-0.17) and, with the routing
-# at the publisher, DeepSeek-V3 at M = 3..4 (-0.05 to -0.12); elsewhere it measured slower
-# (steps 32-33 and 45). Kimi-K2 at M = 2..8 lets the next kernel launch earlier still, at
-# kernel entry ("at_entry"): -0.05 to -0.12 against "before_wait" in two runs (step 56);
-# on every other row that was slower (Kimi-K2 at M = 16 +0.15, the others +0.03 to +0.28).
-# The routing warps are the publishers' (at_publisher: token m routed in the last cluster's
-# CTA that finishes it) where that measured faster, twice (step 45): Kimi-K3 at M = 9..16
-# (-0.12 to -0.14), DeepSeek-V3 at M = 3..4 with the earlier trigger (see above) and
-# Kimi-K2 at M = 9..16 with it (the same back to back, serialized faster). Routed by the
-# last CTAs, a CTA with no token of its own to publish polls before its cluster has
-# published (step 45); on the one-tile kernels a warp finishes two tokens, so the other
-# routing warps wait for it at a CTA barrier, and alone there it measured slower.
-# The bias prefetch is on where it measured faster with a cold bias in every run (step 34):
-# the dot products at M = 1 (DeepSeek-V3 -0.25 us, Kimi-K2 -0.22, serialized faster too),
-# and since step 40 Kimi-K2-sized N at M = 9..16 (-0.10 to -0.18 in six runs) and
-# DeepSeek-V3-sized N at M = 5..8 (-0.06 to -0.07 at M = 8 in six runs; step 42); since
-# step 50 also at M = 3..4, with the routing at the publisher and the earlier trigger
-# (M = 4: 3.45-3.50 us in six runs, against 3.48-3.67 without it; 0.01 slower once, never
-# more). The other tensor-core rows were 0.05-0.18 us slower with it serialized, and back
-# to back from 0.06 faster to 0.18 slower. Kimi-K3-sized N at M = 9..16 had it from step
-# 35 (-0.08 to -0.20 then); since the routing moved to the publisher (step 45) it measured
-# 0.05-0.09 us slower in four runs of seven and 0.02-0.07 faster in three: within the
-# noise of that cell. Since step 53 that row does without.
-# Neither choice changes the results. (What it changes is when the routing warp's polls
-# reach L2, step 41: the bias loads just before them time them.)
+# Each entry fuses the GEMM kernel the GEMM op picks for the same M and N, or one that sums
+# the same way (one 16-expert tile a CTA instead of two: bit for bit the same logits), except
+# at M = 1 above 384 experts and M = 2 up to 256, where another kernel made the whole router
+# faster (docs/api.md says which). The flags are each row's measured best; docs/kernel-notes.md
+# says what each buys. Columns: GEMM row, M range, N ranges, exclusive, trigger, bias
+# prefetch, routing at the publisher.
 ROUTER_GEMMS = (
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait", True),
     RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x", True),
@@ -292,34 +243,15 @@ ROUTER_GEMMS = (
     RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "before_wait", True, at_publisher=True),
     RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", False, at_publisher=True),
 )
-# Named only: candidates while they are measured, and twins of table rows whose choice is
-# still within the noise of its cell. Every other twin and alternative (the GEMM op's
-# trigger point, the other bias choice, routing at the last CTAs, the two-tile kernels on
-# the one-tile rows) measured slower in three or more runs and is gone from the build
-# (docs/benchmarks.md, steps 33-57 for the numbers, "Named rows" for the list): each router
-# kernel costs about 4 s a bias dtype and arch to compile, most of the build.
+# Named only: candidates while they are measured.
 ROUTER_ALTERNATIVES = ()
 
 
-def _table_row(gemm, m_lo):
-    return next(row for row in ROUTER_GEMMS if (row.gemm, row.m_lo) == (gemm, m_lo))
-
-
-# Kimi-K2-sized N at M = 2..8 at the previous trigger point ("before_wait"): 0.05-0.12 us
-# slower in two runs, 0.03-0.05 faster in three (steps 56-57, the runs of bfc9b5d and
-# eb9f4c5). Kimi-K3-sized N at M = 9..16 with the bias prefetch: from 0.09 us slower to 0.10
-# faster in nine runs, the same on average (step 53, the same two runs).
-ROUTER_TWINS = (
-    (_table_row("mma8_t1c4w8u7", 2)._replace(trigger="before_wait"), "_before_wait"),
-    (_table_row("mma16_t2c4w8u7", 9)._replace(n_ranges=ROUTER_N_RANGES[2:3], bias_prefetch=True), "_bias_prefetch"),
-)
-
-
-def _router_rows(table, automatic, suffix=""):
-    """Rows named router_<gemm>_n<n_max><suffix>, with _m<lo>_<hi> after the GEMM row where
+def _router_rows(table, automatic):
+    """Rows named router_<gemm>_n<n_max>, with _m<lo>_<hi> after the GEMM row where
     ROUTER_GEMMS splits one GEMM row and N range by M."""
     return tuple(
-        RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}{suffix}", row.gemm, row.m_lo, row.m_hi,
+        RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}", row.gemm, row.m_lo, row.m_hi,
                       n_min, n_max,
                       automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
                       bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher)
@@ -333,11 +265,7 @@ def _m_range(row, n_max):
     return f"_m{row.m_lo}_{row.m_hi}" if split else ""
 
 
-ROUTER_VARIANTS = (
-    _router_rows(ROUTER_GEMMS, True)
-    + sum((_router_rows([row], False, suffix) for row, suffix in ROUTER_TWINS), ())
-    + _router_rows(ROUTER_ALTERNATIVES, False)
-)
+ROUTER_VARIANTS = _router_rows(ROUTER_GEMMS, True) + _router_rows(ROUTER_ALTERNATIVES, False)
 
 
 @dataclass(frozen=True)
@@ -346,7 +274,7 @@ class NormKernel:
     vec 8 (16-byte loads: K % 8 == 0, aligned rows) or 1 (any K, any alignment). One CTA of
     `threads` per row; a step loads `unroll` vectors per thread at once (8 x 128 x 8 = 8192
     elements: a 7168-wide row in one step). 512 threads of 2 vectors measured no faster
-    behind a router and 0.3 us slower alone (docs/benchmarks.md, step 18)."""
+    behind a router and 0.3 us slower alone (docs/kernel-notes.md)."""
 
     op: str
     vec: int
@@ -365,7 +293,7 @@ OUT_DTYPES = ("float32", "bfloat16")
 BIAS_DTYPES = ("float32", "bfloat16")  # e_score_correction_bias, fp32 or the model's bf16
 # (CuTe DSL target, compute capability major*10+minor it serves)
 ARCHS = (("sm_90a", 90), ("sm_100a", 100))
-MAX_M = max(v.m_hi for v in VARIANTS)  # the largest M the dispatch gives a kernel
+MAX_M = max(c.m_hi for c in CHOICES if c.variant != "cublas")  # the largest M a kernel is chosen for
 
 
 def kernel_symbol(variant: Variant, vec: int, out_dtype: str, arch: str) -> str:
@@ -440,12 +368,16 @@ def compiled_kernels():
 
 
 def write_variant_table_header(path: str) -> None:
-    """The rows above as a C++ array (csrc/ includes it; selection order = row order)."""
+    """The rows above as C++ arrays (csrc/ includes them; choices in order)."""
+    index = {v.name: i for i, v in enumerate(VARIANTS)}
     rows = "\n".join(
-        f'    {{"{v.name}", {v.m_lo}, {v.m_hi}, {v.max_m}, {v.n_min}, {v.n_max}, '
-        f"{str(1 in v.kernel.vecs).lower()}, {str(v.prefetch).lower()}, "
-        f"{str(v.pdl).lower()}, {str(v.automatic).lower()}}},"
+        f'    {{"{v.name}", {v.m_hi}, {v.max_m}, {str(1 in v.kernel.vecs).lower()}, '
+        f"{str(v.prefetch).lower()}, {str(v.pdl).lower()}}},"
         for v in VARIANTS
+    )
+    choices = "\n".join(
+        f"    {{{index.get(c.variant, -1)}, {c.m_lo}, {c.m_hi}, {c.n_min}, {c.n_max}, {c.k_min}, {c.k_max}}},"
+        for c in CHOICES
     )
     router_rows = "\n".join(
         f'    {{"{r.name}", {r.m_lo}, {r.m_hi}, {r.n_min}, {r.n_max}, {str(r.automatic).lower()}}},'
@@ -459,6 +391,9 @@ def write_variant_table_header(path: str) -> None:
         "// inline: one array for the whole program, so row pointers compare across files.\n"
         "inline constexpr VariantRow kVariantRows[] = {\n"
         f"{rows}\n"
+        "};\n\n"
+        "inline constexpr ChoiceRow kChoiceRows[] = {\n"
+        f"{choices}\n"
         "};\n\n"
         "inline constexpr RouterRow kRouterRows[] = {\n"
         f"{router_rows}\n"

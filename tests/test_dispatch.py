@@ -16,9 +16,11 @@ def row(name):
     return next(v for v in variants.VARIANTS if v.name == name)
 
 
-def serves(v, m, n):
-    """The dispatch rule for an aligned problem, restated: the C++ choice is held to it."""
-    return v.automatic and v.m_lo <= m <= v.m_hi and v.n_min <= n <= v.n_max
+def choice(m, n, k):
+    """The dispatch rule for an aligned problem, restated from CHOICES: the C++ choice is
+    held to it."""
+    return next((c.variant for c in variants.CHOICES
+                 if c.m_lo <= m <= c.m_hi and c.n_min <= n <= c.n_max and c.k_min <= k <= c.k_max), "cublas")
 
 
 @pytest.mark.parametrize("sm", [90, 100])
@@ -28,26 +30,27 @@ def test_m1_picks_a_prefetch_kernel(sm, n, k):
     assert row(name).prefetch and row(name).pdl and vec == "vec8"
 
 
-@pytest.mark.parametrize("n, k", MODEL_SHAPES.values())
-@pytest.mark.parametrize("m", range(1, 129))
-def test_every_m_gets_a_kernel_whose_bucket_holds_it_or_cublas(m, n, k):
-    choice = kimi_router_ops.chosen_variant(m, n, k)
-    if choice == "cublas":
-        assert not any(serves(v, m, n) for v in variants.VARIANTS)
+@pytest.mark.parametrize("n, k", list(MODEL_SHAPES.values()) + [(64, 2048), (1024, 2048), (512, 8192), (1000, 4096)])
+@pytest.mark.parametrize("m", list(range(1, 129)) + [200, 256, 257, 4096])
+def test_every_m_gets_the_first_choice_that_takes_it(m, n, k):
+    chosen = kimi_router_ops.chosen_variant(m, n, k)
+    expected = choice(m, n, k)
+    if expected == "cublas":
+        assert chosen == "cublas"
         return
-    name, vec = choice.split(":")
-    assert serves(row(name), m, n)
-    assert name == next(v.name for v in variants.VARIANTS if serves(v, m, n))
+    name, vec = chosen.split(":")
+    assert (name, vec) == (expected, "vec8")
+    assert m <= row(name).max_m  # the kernel computes that many tokens
 
 
-@pytest.mark.parametrize("n", [1, 256, 511, 512, 896, 100000])
-def test_automatic_rows_cover_1_to_their_largest_m_exactly_once(n):
-    first_match = {}
-    for v in variants.VARIANTS:
-        for m in range(v.m_lo, v.m_hi + 1):
-            if serves(v, m, n):
-                first_match.setdefault(m, v.name)
-    assert sorted(first_match) == list(range(1, max(first_match) + 1))
+def test_choices_name_compiled_rows_and_cover_every_m_up_to_16():
+    names = {v.name for v in variants.VARIANTS}
+    assert all(c.variant in names | {"cublas"} for c in variants.CHOICES)
+    for n in (1, 64, 256, 384, 385, 896, 897, 1024, 100000):
+        for k in (8, 2048, 7168, 8192, 8200):
+            for m in range(1, 17):
+                chosen = choice(m, n, k)
+                assert chosen != "cublas" or n > 896, (m, n, k)  # cuBLAS at M <= 16: N > 896 only
 
 
 @pytest.mark.parametrize(
@@ -62,10 +65,21 @@ def test_automatic_rows_cover_1_to_their_largest_m_exactly_once(n):
         (16, 384, 7168, 90, True, "mma16_t2c4w8u7:vec8"),
         (16, 385, 7168, 90, True, "mma16_t2c4w8u7_before_wait:vec8"),
         (16, 256, 7168, 100, True, "mma16_t2c4w8u7:vec8"),
-        (17, 896, 7168, 90, True, "mma32_t2c4w8u4:vec8"),
-        (33, 256, 7168, 100, True, "mma64_t2c4w8u2:vec8"),
-        (256, 384, 7168, 90, True, "mma64_t2c4w8u2:vec8"),
-        (257, 896, 7168, 90, True, "cublas"),
+        (17, 896, 7168, 90, True, "mma32p16_t2c4w8u7_before_wait:vec8"),
+        (33, 896, 7168, 90, True, "cublas"),
+        (48, 256, 7168, 100, True, "mma16_t2c4w8u7_before_wait:vec8"),
+        (64, 256, 7168, 90, True, "mma32p16_t2c4w8u7_before_wait:vec8"),
+        (40, 384, 7168, 90, True, "mma32p16_t2c4w8u7_before_wait:vec8"),
+        (96, 384, 7168, 90, True, "cublas"),
+        (256, 384, 7168, 90, True, "cublas"),
+        (2, 64, 2048, 90, True, "mma8_t1c4w8u7:vec8"),  # N <= 128
+        (2, 1024, 2048, 90, True, "m2:vec8"),  # N > 896 at small K: the dot product
+        (8, 1024, 2048, 90, True, "m8:vec8"),
+        (8, 1024, 4096, 90, True, "mma8_t2c4w8u7:vec8"),
+        (16, 1024, 7168, 90, True, "cublas"),
+        (4, 256, 8192, 90, True, "mma8_t2c4w8u8:vec8"),  # K up to 8192 in one step
+        (12, 256, 8192, 90, True, "mma16_t1c8w8u4:vec8"),
+        (12, 512, 8192, 90, True, "mma16_t2c4w8u7_before_wait:vec8"),
         (4096, 896, 7168, 90, True, "cublas"),
         (17, 896, 7168, 90, False, "cublas"),
         (1, 896, 7168, 80, True, "cublas"),  # Ampere: no kernels

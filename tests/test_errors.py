@@ -89,3 +89,23 @@ def test_supported_edge_inputs(device, case):
     assert out.shape == (x.shape[0], w.shape[0])
     if x.shape[0]:
         assert relative_error(out.detach(), reference(x.detach(), w.detach())) <= 1e-5
+
+
+@pytest.mark.parametrize("op", ["ll_bf16_gemm", "moe_routing", "rms_norm"])
+def test_a_bad_call_under_torch_compile_names_the_argument(op):
+    """torch wraps a fake kernel's exception in TorchRuntimeError (a RuntimeError) while it
+    traces; the message still carries the op's own (docs/api.md)."""
+    torch._dynamo.reset()
+    calls = {
+        "ll_bf16_gemm": (lambda: kimi_router_ops.ll_bf16_gemm(random_bf16(2, 64), random_bf16(16, 63)),
+                         "ll_bf16_gemm: hidden_states .* must have the same K"),
+        "moe_routing": (lambda: kimi_router_ops.moe_routing(torch.zeros(2, 16), None, 17),
+                        r"moe_routing: top_k must be in \[1, experts in the kept groups=16\]"),
+        "rms_norm": (lambda: kimi_router_ops.rms_norm(random_bf16(2, 64), random_bf16(63)),
+                     r"rms_norm: weight must have shape \[K\]=\[64\]"),
+    }
+    call, message = calls[op]
+    with pytest.raises(ValueError, match=message):
+        call()
+    with pytest.raises(RuntimeError, match=message):
+        torch.compile(call, fullgraph=True)()

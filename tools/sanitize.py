@@ -41,8 +41,8 @@ def main():
     for v in variants.VARIANTS:
         if not v.name.startswith(args.only):
             continue
-        # Tensor-core rows of more tokens than a CTA computes: a partial last token tile too.
-        tiles = {v.kernel.tokens + 3} if isinstance(v.kernel, variants.Mma) and v.m_hi > v.kernel.tokens else set()
+        # Tensor-core rows: a second, partial token tile too (grid z).
+        tiles = {v.kernel.tokens + 3} if isinstance(v.kernel, variants.Mma) else set()
         for m in sorted({1, v.m_hi} | tiles):
             for n, k in shapes:
                 if k % 8 and 1 not in v.kernel.vecs:

@@ -236,7 +236,7 @@ class LLBf16Mma:
         if const_expr(self.pdl and self.trigger == "at_entry"):
             # As safe as later (below); the next kernel's CTAs start before our weight loads,
             # which measured faster for Kimi-K2-sized N on the one-tile kernel at M = 2..8
-            # (docs/benchmarks.md, step 56).
+            # (docs/kernel-notes.md).
             cute.arch.griddepcontrol_launch_dependents()
         # Step 0 is peeled: its loads are all issued before launch_dependents, which the
         # compiler does not move loads across, so the whole step is in flight at once
@@ -249,7 +249,7 @@ class LLBf16Mma:
         if const_expr(self.pdl and self.trigger == "before_wait"):
             # As safe as after the x loads (below), and the next kernel's CTAs get going
             # sooner: in some fused router rows that keeps their weight stream out of the
-            # way of our handoff (docs/benchmarks.md, step 32).
+            # way of our handoff (docs/kernel-notes.md).
             cute.arch.griddepcontrol_launch_dependents()
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.

@@ -129,7 +129,7 @@ class LLBf16Router(WarpRouting):
         if const_expr(self.at_publisher):
             # Rank bx of the last cluster (by) publishes tokens bx * tokens_per_rank onwards
             # (tokens_per_rank of them), so its polls leave in step with its own stores (a
-            # rank with nothing to publish polled too soon: docs/benchmarks.md, step 45).
+            # rank with nothing to publish polled too soon: docs/kernel-notes.md).
             mine = (by == gy - 1) & (warp < self.tokens_per_rank)
             unit = Int32(cutlass.select_(mine, bx * self.tokens_per_rank + warp, Int32(2**31 - 1)))
             stride = gx * self.tokens_per_rank  # the bucket's tokens: one each

@@ -17,7 +17,7 @@ top_k reductions in a row.
 
 One warp runs the whole chain, so its length is the latency: counts are trees of adds
 (kept as trees, see _add) of compares of as few instructions as the values allow, and
-nothing waits on a string of `redux.sync`s (docs/benchmarks.md, steps 23-26 and 40).
+nothing waits on a string of `redux.sync`s (docs/kernel-notes.md).
 
 A subclass says which warp routes which tokens (_routing_unit) and where a token's scores
 come from (_gather).
@@ -156,7 +156,7 @@ class WarpRouting:
     def _prefetch_bias(self, bias, m_count):
         """Each routing warp asks L2 for the bias, so that its loads after the poll hit L2:
         one copy-engine prefetch from lane 0 (one prefetch.global.L2 a lane instead, on each
-        128-byte line, measured slower: docs/benchmarks.md, step 34). The bias is a model
+        128-byte line, measured slower: docs/kernel-notes.md). The bias is a model
         parameter, read-only here like the weights, and a prefetch returns nothing: it is
         safe before the PDL wait, and it does not move the routing warp's own loads (issued
         earlier, those made its first poll leave too soon and miss: step 31)."""
@@ -315,7 +315,7 @@ class WarpRouting:
             ahead = Int32(0)
             if count <= WARP // 2:
                 # Compare, select and add: for 16 the borrows below measured up to 0.13 us
-                # slower (Kimi-K2; docs/benchmarks.md, step 40).
+                # slower (Kimi-K2; docs/kernel-notes.md).
                 mine_u = mine.to(cutlass.Uint64)
                 ahead = _count([(Int32(d) < count) & (cand[d].to(cutlass.Uint64) > mine_u)
                                 for d in range(WARP // 2)])
