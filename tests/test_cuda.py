@@ -88,7 +88,7 @@ def test_tensor_core_kernels_of_one_k_split_sum_alike():
             for name, out in zip(names[1:], outs[1:]):
                 assert torch.equal(out, outs[0]), (names[0], name, n, m)
             compared += 1
-    assert compared >= 6
+    assert compared >= 3  # every (N, M) case of the one group of u7 kernels
 
 
 @settings(max_examples=60, deadline=None)
