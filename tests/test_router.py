@@ -78,6 +78,8 @@ def faster_other_kernel(m, n):
         return "mma8_t2c4w8u7"  # the tensor-core kernel of M = 2..8
     if m == 2 and n <= 256:
         return "m2_prefetch_r4_t256"  # the M = 1 dot product's shape with two tokens
+    if 9 <= m <= 16 and n > 896:
+        return "mma16_t2c4w8u7"  # the GEMM op runs cuBLAS there (docs/api.md)
     return None
 
 
@@ -86,9 +88,9 @@ def test_fused_rows_run_the_gemm_ops_kernel():
     one with the same arithmetic (only where it lets the next kernel launch, or how many
     16-expert tensor-core tiles a CTA holds, may differ), so the router's logits are the GEMM
     op's, bit for bit (test_router_logits_are_the_gemm_ops checks it on the GPU); the
-    exceptions route faster on another kernel: M = 1 with more than 384 experts (the
-    tensor-core kernel of M = 2..8) and M = 2 up to 256 (the M = 1 dot product's shape with
-    two tokens)."""
+    exceptions run another kernel: M = 1 with more than 384 experts (the tensor-core kernel
+    of M = 2..8) and M = 2 up to 256 (the M = 1 dot product's shape with two tokens) route
+    faster on it, and at M = 9..16 above 896 experts the GEMM op runs cuBLAS."""
     def arithmetic(name):
         v = variants.variant(name)
         kernel = v.kernel
