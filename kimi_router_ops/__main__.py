@@ -46,7 +46,7 @@ def main():
     else:
         sm, name, weights = 0, "cpu", [torch.randn(N, K).to(torch.bfloat16)]
         built = len(kimi_router_ops.compiled_kernels())
-        print("No GPU found: this checks the CPU reference. Its times are CPU times, not results;"
+        print("On the CPU: this checks the CPU reference. Its times are CPU times, not results;"
               + (f" the {built} CUDA kernels built into _C run only on an sm_90 or sm_100 GPU."
                  if built else " this _C was built without CUDA kernels.")
               + " On such a GPU, run this again, or `python -m kimi_router_ops.bench`.")

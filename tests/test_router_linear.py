@@ -65,3 +65,28 @@ def test_example_runs_and_agrees(model):
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "same as eager: False" not in result.stdout and "torch.compile" in result.stdout
+
+
+def test_bad_arguments_name_what_was_expected():
+    with pytest.raises(ValueError, match="RouterLinear: out_dtype must be torch.float32 or torch.bfloat16, got torch.float16"):
+        kimi_router_ops.RouterLinear(32, 6, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="in_features and num_experts must be >= 1"):
+        kimi_router_ops.RouterLinear(0, 6)
+    gate = kimi_router_ops.RouterLinear(32, 6)
+    with pytest.raises(ValueError, match=r"RouterLinear: x must have in_features=32 as its last dimension, got shape \[3, 31\]"):
+        gate(random_bf16(3, 31))
+
+
+def test_example_refuses_zero_tokens():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "moe_router.py"), "--tokens", "0", "--small"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 2 and "--tokens must be at least 1" in result.stderr, result.stderr[-2000:]
+
+
+def test_main_job_on_the_cpu_says_its_times_are_no_results():
+    result = subprocess.run([sys.executable, "-m", "kimi_router_ops", "--device", "cpu"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "CPU times, not results" in result.stdout and "speedup" not in result.stdout
