@@ -1,12 +1,15 @@
-"""The kernel variant table: the one place that says which kernels exist.
+"""The kernel tables: the one place that says which kernels exist and which runs where.
 
-The ahead-of-time build (aot.py) compiles every row for each vector width its kernel family
-supports, each output dtype and each GPU architecture below, and writes the rows into a generated C++ header that the CUDA
-dispatch (csrc/) includes; tests read the table from here. This module imports nothing
-but the standard library, so setup.py can read it before anything is built.
+VARIANTS (GEMM kernels), ROUTER_VARIANTS (fused routers), ROUTING_KERNELS (the routing op)
+and NORM_KERNELS: the ahead-of-time build (aot.py) compiles every row for each vector
+width, output or bias dtype and GPU architecture below. CHOICES says which GEMM kernel the
+dispatch runs for an M, N and K (first match); the rows and the choices go into a generated
+C++ header that the CUDA dispatch (csrc/) includes, and the tests read them from here. This
+module imports nothing but the standard library, so setup.py can read it before anything
+is built.
 
-Adding a variant is one row here, plus the benchmark number that justifies it
-(docs/benchmarks.md).
+A new kernel is one row here; a new choice is one line of CHOICES, with the benchmark that
+justifies it (`python -m kimi_router_ops.bench --sweep`, docs/benchmarks.md).
 """
 
 from dataclasses import dataclass
