@@ -1,10 +1,11 @@
-"""Builds kimi_router_ops._C.
+"""Builds kimi_router_ops._C, a shared library on torch's stable ABI (no Python in it, so
+one file serves every CPython >= 3.10, and every torch >= 2.10: see MIN_TORCH).
 
 With a CUDA build of torch: the CuTe DSL kernels are compiled ahead of time
 (kimi_router_ops/aot.py, needs nvidia-cutlass-dsl, no GPU) and linked with the CuTe DSL
-static runtime and cudart into _C. Set KIMI_ROUTER_OPS_AOT_DIR to a directory made by
-aot.py elsewhere to skip that step (a GPU machine without nvidia-cutlass-dsl).
-With a CPU-only torch (or KIMI_ROUTER_OPS_CPU_ONLY=1): the CPU and fake kernels only.
+static runtime and a static cudart into _C. Set KIMI_ROUTER_OPS_AOT_DIR to a directory made
+by aot.py elsewhere to skip that step (a GPU machine without nvidia-cutlass-dsl).
+With a CPU-only torch (or KIMI_ROUTER_OPS_CPU_ONLY=1): the CPU kernels only.
 """
 
 import glob
@@ -53,9 +54,11 @@ def aot_directory() -> Path:
     return out
 
 
-def torch_cuda_wheel_includes():
-    # ATen/cuda headers include cuBLAS and cuSPARSE headers, which torch's CUDA wheels ship.
-    return [p for p in (Path(torch.__file__).parent.parent / "nvidia").glob("cu*/include")]
+# The oldest torch whose stable ABI has everything _C uses (string and list arguments,
+# torch_call_dispatcher with versioning, the stable ops it calls): 2.10. _C is compiled
+# against that version's API whatever torch builds it, and pyproject.toml requires it.
+MIN_TORCH = (2, 10)
+TARGET_VERSION = f"-DTORCH_TARGET_VERSION=0x{MIN_TORCH[0]:02x}{MIN_TORCH[1]:02x}000000000000"
 
 
 def extension():
@@ -63,27 +66,45 @@ def extension():
     generated.mkdir(parents=True, exist_ok=True)
     variants.write_variant_table_header(str(generated / "kimi_variant_table.h"))
     # relative to setup.py
-    sources = ["csrc/ll_bf16_gemm.cpp", "csrc/ll_bf16_router.cpp", "csrc/moe_routing.cpp", "csrc/rms_norm.cpp"]
+    sources = ["csrc/torch_stable.cpp", "csrc/ll_bf16_gemm.cpp", "csrc/ll_bf16_router.cpp",
+               "csrc/moe_routing.cpp", "csrc/rms_norm.cpp"]
     include_dirs = [str(ROOT / "csrc"), str(generated)]
-    cxx_flags = ["-O2", "-g0"]  # no debug info: _C is a third of the size
+    cxx_flags = ["-O2", "-g0", TARGET_VERSION]  # -g0: no debug info, _C is a third of the size
+    # Only libraries whose symbols _C uses become dependencies (torch's stable C shims).
+    link_flags = ["-Wl,--as-needed"]
     if not cuda_build_wanted():
-        return cpp_extension.CppExtension(
-            "kimi_router_ops._C", sources, include_dirs=include_dirs,
-            extra_compile_args={"cxx": cxx_flags},
-        )
+        return stable_only(cpp_extension.CppExtension(
+            "kimi_router_ops._C", sources, include_dirs=include_dirs, py_limited_api=True,
+            extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags,
+        ))
     aot = aot_directory()
     objects = sorted(glob.glob(str(aot / "sm_*" / "*.o")))
     if not objects or not (aot / "kimi_kernels.h").exists():
         raise SystemExit(f"no ahead-of-time kernels in {aot}: run kimi_router_ops/aot.py")
-    return cpp_extension.CUDAExtension(
+    cuda = Path(cpp_extension.CUDA_HOME)
+    return stable_only(cpp_extension.CppExtension(
         "kimi_router_ops._C",
         sources + sorted(glob.glob("csrc/cuda/*.cpp", root_dir=ROOT)),
-        include_dirs=include_dirs + [str(aot)] + [str(p) for p in torch_cuda_wheel_includes()],
-        extra_compile_args={"cxx": cxx_flags + ["-DKIMI_WITH_CUDA"]},
-        # The exported objects call the CUDA runtime through the CuTe DSL runtime library;
-        # cudart (which CUDAExtension links) reaches the driver, so no -lcuda is needed.
-        extra_objects=objects + [str(aot / "libcuda_dialect_runtime_static.a")],
-    )
+        include_dirs=include_dirs + [str(aot), str(cuda / "include")],
+        py_limited_api=True,
+        # USE_CUDA declares the CUDA part of torch's C shim (the current stream).
+        extra_compile_args={"cxx": cxx_flags + ["-DKIMI_WITH_CUDA", "-DUSE_CUDA"]},
+        # The exported objects call the CUDA runtime through the CuTe DSL runtime library.
+        # cudart is linked statically: _C then loads beside a torch built for any CUDA major
+        # version (it needs a driver for CUDA 13 only when a kernel runs); no -lcuda either,
+        # cudart reaches the driver itself.
+        extra_objects=objects + [str(aot / "libcuda_dialect_runtime_static.a"),
+                                 str(cuda / "lib64" / "libcudart_static.a")],
+        libraries=["torch_cuda", "dl", "rt", "pthread"],
+        extra_link_args=link_flags,
+    ))
+
+
+def stable_only(ext):
+    # CppExtension links libc10 and libtorch too; _C needs neither (libc10 would only lend it
+    # libstdc++ symbols, binding _C to one torch's build of them).
+    ext.libraries = [lib for lib in ext.libraries if lib not in ("c10", "torch")]
+    return ext
 
 
 class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
@@ -100,4 +121,6 @@ setup(
     packages=find_packages(include=["kimi_router_ops", "kimi_router_ops.*"], exclude=["kimi_router_ops.kernels"]),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExt},
+    # No Python C API in _C: the wheel is tagged for the stable ABI of CPython 3.10 on.
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

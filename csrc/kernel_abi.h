@@ -1,7 +1,7 @@
 #pragma once
 // The C interface of the kernels exported by kimi_router_ops/aot.py (CuTe DSL export_to_c).
 
-#include <c10/core/ScalarType.h>
+#include <torch/headeronly/core/ScalarType.h>  // the header-only dtype enum
 #include <cuda_runtime.h>
 #include <cstdint>
 

@@ -11,15 +11,10 @@
 //             routed_scaling_factor
 //
 // This file has the schema, the input contract, the choice of fused kernel and the
-// reference: the GEMM op, then the routing op's reference (csrc/moe_routing.cpp). The CPU
+// reference: the GEMM's reference, then the routing op's (csrc/moe_routing.cpp). The CPU
 // runs the reference; CUDA (csrc/cuda/ll_bf16_router_cuda.cpp) runs one fused kernel where
 // a row of the router table applies, and otherwise the GEMM op, then the routing kernel.
 
-#include <ATen/ATen.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
-
-#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -36,10 +31,9 @@ namespace {
 constexpr const char* kOp = "ll_bf16_router";
 }  // namespace
 
-void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
-                         const std::optional<at::Tensor>& bias, int64_t top_k, int64_t n_group,
-                         int64_t topk_group) {
-  check_inputs(x, w, at::kFloat, kOp);
+void check_router_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+                         int64_t top_k, int64_t n_group, int64_t topk_group) {
+  check_inputs(x, w, kFloat, kOp);
   check_routing_args(kOp, w.size(0), w.device(), "router_weight", bias, top_k, n_group,
                      topk_group);
 }
@@ -84,36 +78,28 @@ const RouterRow& router_row_by_name(const std::string& name) {
     }
     names << " " << row.name;
   }
-  TORCH_CHECK_VALUE(false, "ll_bf16_router_with_variant: unknown variant '", name,
-                    "'; expected one of:", names.str());
-}
-
-at::Tensor ll_bf16_gemm_logits(const at::Tensor& x, const at::Tensor& w) {
-  static const auto gemm = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("kimi::ll_bf16_gemm", "")
-                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::ScalarType)>();
-  // The GEMM's own autograd wrapper is not wanted here: the router has no derivative.
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return gemm.call(x, w, at::kFloat);
+  throw std::invalid_argument(message("ll_bf16_router_with_variant: unknown variant '", name,
+                                      "'; expected one of:", names.str()));
 }
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_cpu(
-    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
-    double routed_scaling_factor) {
+std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cpu(const Tensor& x, const Tensor& w,
+                                                      const OptionalTensor& bias, int64_t top_k,
+                                                      int64_t n_group, int64_t topk_group,
+                                                      bool renormalize,
+                                                      double routed_scaling_factor) {
   check_router_inputs(x, w, bias, top_k, n_group, topk_group);
-  const at::Tensor logits = ll_bf16_gemm_logits(x, w);
+  const Tensor logits = gemm_reference(x, w, kFloat);
   auto [weights, ids] = routing_reference(logits, bias, top_k, n_group, topk_group, renormalize,
                                           routed_scaling_factor);
   return {weights, ids, logits};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_with_variant_cpu(
-    const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-    int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
-    double routed_scaling_factor, const std::string& variant) {
+std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cpu(
+    const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k, int64_t n_group,
+    int64_t topk_group, bool renormalize, double routed_scaling_factor,
+    const std::string& variant) {
   router_row_by_name(variant);
   return ll_bf16_router_cpu(x, w, bias, top_k, n_group, topk_group, renormalize,
                             routed_scaling_factor);
@@ -121,12 +107,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ll_bf16_router_with_variant_cpu(
 
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
                                    int64_t n_group, int64_t topk_group, int64_t sm, bool aligned) {
-  TORCH_CHECK_VALUE(M >= 0 && N >= 1 && K >= 1,
-                    "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
-                    " N=", N, " K=", K);
+  KIMI_CHECK_VALUE(M >= 0 && N >= 1 && K >= 1,
+                   "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
+                   " N=", N, " K=", K);
   // A problem the op rejects gets the op's error.
-  check_routing_args(kOp, N, c10::Device(c10::kCPU), "router_weight", std::nullopt, top_k,
-                     n_group, topk_group);
+  check_routing_args(kOp, N, std::nullopt, "router_weight", std::nullopt, top_k, n_group,
+                     topk_group);
   const RouterRow* row =
       M == 0 ? nullptr
              : choose_router(M, N, K, top_k, n_group, topk_group, sm, aligned && K % 8 == 0);
@@ -139,7 +125,7 @@ std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(kimi, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
       "ll_bf16_router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
       "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
@@ -150,21 +136,20 @@ TORCH_LIBRARY_FRAGMENT(kimi, m) {
       "Tensor? e_score_correction_bias, int top_k, int n_group, int topk_group, "
       "bool renormalize, float routed_scaling_factor, str variant) "
       "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
-  // Which kernel the CUDA op runs for a problem: a fused router row, or "reference".
+  // Which kernel the CUDA op runs for a problem: a fused router row, "gemm+moe_routing" or
+  // "reference".
   m.def(
       "ll_bf16_router_variant(int M, int N, int K, int top_k, int n_group=1, int topk_group=1, "
-      "int sm=90, bool aligned=True) -> str",
-      &ll_bf16_router_variant);
+      "int sm=90, bool aligned=True) -> str");
 }
 
-TORCH_LIBRARY_IMPL(kimi, CPU, m) {
-  m.impl("ll_bf16_router", &ll_bf16_router_cpu);
-  m.impl("ll_bf16_router_with_variant", &ll_bf16_router_with_variant_cpu);
+STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
+  m.impl("ll_bf16_router_variant", TORCH_BOX(&ll_bf16_router_variant));
 }
-// Routing picks discrete experts: the op has no derivative (backward raises).
-TORCH_LIBRARY_IMPL(kimi, Autograd, m) {
-  m.impl("ll_bf16_router", torch::autograd::autogradNotImplementedFallback());
-  m.impl("ll_bf16_router_with_variant", torch::autograd::autogradNotImplementedFallback());
+
+STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
+  m.impl("ll_bf16_router", TORCH_BOX(&ll_bf16_router_cpu));
+  m.impl("ll_bf16_router_with_variant", TORCH_BOX(&ll_bf16_router_with_variant_cpu));
 }
 
 }  // namespace kimi

@@ -1,22 +1,19 @@
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
-#include <optional>
 #include <string>
 #include <tuple>
 
+#include "torch_stable.h"
 #include "variant_row.h"
 
 namespace kimi {
 
 // The router op's input contract (every implementation calls it first).
-void check_router_inputs(const at::Tensor& x, const at::Tensor& w,
-                         const std::optional<at::Tensor>& bias, int64_t top_k, int64_t n_group,
-                         int64_t topk_group);
+void check_router_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+                         int64_t top_k, int64_t n_group, int64_t topk_group);
 
 // The fused router row for a problem on a GPU of compute capability sm, or nullptr (the
-// reference path: the GEMM op, then the routing as ATen ops).
+// GEMM op's kernel, then the routing op's).
 const RouterRow* choose_router(int64_t M, int64_t N, int64_t K, int64_t top_k, int64_t n_group,
                                int64_t topk_group, int64_t sm, bool vec8_ok);
 
@@ -27,8 +24,5 @@ std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_
 
 // The router table row called `name`; an error listing the valid names if there is none.
 const RouterRow& router_row_by_name(const std::string& name);
-
-// The GEMM op's fp32 logits (its dispatch, below autograd).
-at::Tensor ll_bf16_gemm_logits(const at::Tensor& x, const at::Tensor& w);
 
 }  // namespace kimi

@@ -12,71 +12,67 @@
 // while it runs. Its sum of squares is added in another order than ATen's, so r may differ
 // in the last fp32 bit and an output by one bf16 ulp; everything else is the same formula.
 
-#include <ATen/ATen.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
-
 #include <cmath>
 #include <tuple>
 
-#include "ll_bf16_gemm.h"
 #include "rms_norm.h"
 
 namespace kimi {
 
-void check_norm_inputs(const char* op, const at::Tensor& x, const at::Tensor* residual,
-                       const at::Tensor& weight, double eps) {
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kBFloat16, op, ": x must be torch.bfloat16, got ",
+void check_norm_inputs(const char* op, const Tensor& x, const Tensor* residual,
+                       const Tensor& weight, double eps) {
+  KIMI_CHECK_VALUE(x.scalar_type() == kBFloat16, op, ": x must be torch.bfloat16, got ",
                    dtype_name(x.scalar_type()));
-  TORCH_CHECK_TYPE(weight.scalar_type() == at::kBFloat16, op,
+  KIMI_CHECK_VALUE(weight.scalar_type() == kBFloat16, op,
                    ": weight must be torch.bfloat16, got ", dtype_name(weight.scalar_type()));
-  TORCH_CHECK_VALUE(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", x.sizes());
-  TORCH_CHECK_VALUE(x.size(1) >= 1, op, ": K must be at least 1, got x ", x.sizes());
-  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == x.size(1), op,
-                    ": weight must have shape [K]=[", x.size(1), "], got ", weight.sizes());
-  TORCH_CHECK(weight.device() == x.device(), op,
-              ": x and weight must be on the same device, got ", x.device(), " and ",
-              weight.device());
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op,
-                    ": eps must be finite and >= 0, got ", eps);
+  KIMI_CHECK_VALUE(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", x.sizes());
+  KIMI_CHECK_VALUE(x.size(1) >= 1, op, ": K must be at least 1, got x ", x.sizes());
+  KIMI_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == x.size(1), op,
+                   ": weight must have shape [K]=[", x.size(1), "], got ", weight.sizes());
+  KIMI_CHECK(weight.device() == x.device(), op,
+             ": x and weight must be on the same device, got ", x.device(), " and ",
+             weight.device());
+  KIMI_CHECK_VALUE(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ",
+                   eps);
   if (residual != nullptr) {
-    TORCH_CHECK_TYPE(residual->scalar_type() == at::kBFloat16, op,
+    KIMI_CHECK_VALUE(residual->scalar_type() == kBFloat16, op,
                      ": residual must be torch.bfloat16, got ",
                      dtype_name(residual->scalar_type()));
-    TORCH_CHECK_VALUE(residual->sizes() == x.sizes(), op,
-                      ": residual must have the shape of x ", x.sizes(), ", got ",
-                      residual->sizes());
-    TORCH_CHECK(residual->device() == x.device(), op,
-                ": x and residual must be on the same device, got ", x.device(), " and ",
-                residual->device());
+    const Sizes rs = residual->sizes(), xs = x.sizes();
+    KIMI_CHECK_VALUE(rs.size() == xs.size() && std::equal(rs.begin(), rs.end(), xs.begin()), op,
+                     ": residual must have the shape of x ", xs, ", got ", rs);
+    KIMI_CHECK(residual->device() == x.device(), op,
+               ": x and residual must be on the same device, got ", x.device(), " and ",
+               residual->device());
   }
 }
 
-at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor r = at::rsqrt(xf.square().mean(-1, /*keepdim=*/true) + eps);
+Tensor rms_norm_reference(const Tensor& x, const Tensor& weight, double eps) {
+  const NoGradGuard no_grad;
+  const Tensor xf = torch::stable::to(x, kFloat);
+  const Tensor r = aten::rsqrt(aten::add(aten::mean_last(aten::mul(xf, xf)), aten::scalar(eps)));
+  const Tensor out = aten::mul(aten::mul(xf, r), torch::stable::to(weight, kFloat));
   // Contiguous whatever x's layout, as the kernel's output and the fake kernel's are.
-  return (xf * r * weight.to(at::kFloat)).to(at::kBFloat16).contiguous();
+  return torch::stable::contiguous(torch::stable::to(out, kBFloat16));
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_reference(const at::Tensor& x,
-                                                                const at::Tensor& residual,
-                                                                const at::Tensor& weight,
-                                                                double eps) {
-  at::Tensor sum = (x.to(at::kFloat) + residual.to(at::kFloat)).to(at::kBFloat16).contiguous();
+std::tuple<Tensor, Tensor> fused_add_rms_norm_reference(const Tensor& x, const Tensor& residual,
+                                                        const Tensor& weight, double eps) {
+  const NoGradGuard no_grad;
+  const Tensor sum = torch::stable::contiguous(torch::stable::to(
+      aten::add(torch::stable::to(x, kFloat), torch::stable::to(residual, kFloat)), kBFloat16));
   return {rms_norm_reference(sum, weight, eps), sum};
 }
 
 namespace {
 
-at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+Tensor rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps) {
   check_norm_inputs("rms_norm", x, nullptr, weight, eps);
   return rms_norm_reference(x, weight, eps);
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cpu(const at::Tensor& x,
-                                                          const at::Tensor& residual,
-                                                          const at::Tensor& weight, double eps) {
+std::tuple<Tensor, Tensor> fused_add_rms_norm_cpu(const Tensor& x, const Tensor& residual,
+                                                  const Tensor& weight, double eps) {
   check_norm_inputs("fused_add_rms_norm", x, &residual, weight, eps);
   return fused_add_rms_norm_reference(x, residual, weight, eps);
 }
@@ -84,21 +80,16 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cpu(const at::Tensor& x,
 }  // namespace
 
 // Functional schemas: nothing is written in place.
-TORCH_LIBRARY_FRAGMENT(kimi, m) {
+STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def(
       "fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) "
       "-> (Tensor normed, Tensor residual_out)");
 }
 
-TORCH_LIBRARY_IMPL(kimi, CPU, m) {
-  m.impl("rms_norm", &rms_norm_cpu);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cpu);
-}
-// Inference ops: no derivative (backward raises).
-TORCH_LIBRARY_IMPL(kimi, Autograd, m) {
-  m.impl("rms_norm", torch::autograd::autogradNotImplementedFallback());
-  m.impl("fused_add_rms_norm", torch::autograd::autogradNotImplementedFallback());
+STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
+  m.impl("rms_norm", TORCH_BOX(&rms_norm_cpu));
+  m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm_cpu));
 }
 
 }  // namespace kimi

@@ -7,9 +7,15 @@
 Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
 """
 
-import torch  # noqa: F401  (loads libtorch, which _C links against)
+from pathlib import Path
 
-from . import _C, ops  # noqa: F401  (_C registers the ops)
+import torch
+
+# _C is a plain shared library on torch's stable ABI (not a Python module): loading it runs
+# the registrations of the ops' schemas and kernels.
+torch.ops.load_library(Path(__file__).with_name("_C.abi3.so"))
+
+from . import ops  # noqa: E402  (fake kernels, the derivative)
 from .ops import (
     chosen_router_variant,
     chosen_variant,

@@ -1,8 +1,13 @@
-"""Python surface of torch.ops.kimi: typed wrappers and the fake (meta) kernels.
+"""Python surface of torch.ops.kimi: typed wrappers, the fake (meta) kernels and autograd.
 
 Each op's schema lives in its csrc/<op>.cpp; the fake kernels here check the same input
 contract as the C++ checks (same exception types, same messages), so torch.compile reports
-a bad call as eager mode would, without touching data.
+a bad call as eager mode would, without touching data. Every bad argument is a ValueError
+(a device mismatch a RuntimeError): the C++ side can raise no TypeError (csrc/torch_stable.h).
+
+Autograd lives here because torch's stable ABI, which _C is built on, has none:
+`ll_bf16_gemm` has a derivative; the routing and norm ops have none, and their outputs never
+require grad (a fallthrough: no Python runs on their calls).
 """
 
 import math
@@ -58,11 +63,11 @@ def compiled_kernels() -> list[str]:
 
 def _check_inputs(x: Tensor, w: Tensor, out_dtype: torch.dtype, op: str = "ll_bf16_gemm") -> None:
     """csrc's check_inputs, for the fake kernels."""
-    torch._check_type(
+    torch._check_value(
         x.dtype == torch.bfloat16,
         lambda: f"{op}: hidden_states must be torch.bfloat16, got {x.dtype}",
     )
-    torch._check_type(
+    torch._check_value(
         w.dtype == torch.bfloat16,
         lambda: f"{op}: router_weight must be torch.bfloat16, got {w.dtype}",
     )
@@ -193,7 +198,7 @@ def _check_routing_args(op, n, device, device_of, bias, top_k, n_group, topk_gro
         lambda: f"{op}: top_k must be in [1, experts in the kept groups={kept}], got {top_k}",
     )
     if bias is not None:
-        torch._check_type(
+        torch._check_value(
             bias.dtype in (torch.float32, torch.bfloat16),
             lambda: f"{op}: e_score_correction_bias must be torch.float32 or torch.bfloat16, "
             f"got {bias.dtype}",
@@ -259,7 +264,7 @@ def _moe_routing_fake(
     routed_scaling_factor=1.0,
 ):
     op = "moe_routing"
-    torch._check_type(
+    torch._check_value(
         logits.dtype in (torch.float32, torch.bfloat16),
         lambda: f"{op}: logits must be torch.float32 or torch.bfloat16, got {logits.dtype}",
     )
@@ -294,8 +299,8 @@ def fused_add_rms_norm(
 
 def _check_norm_inputs(op: str, x: Tensor, weight: Tensor, eps: float) -> None:
     """csrc's check_norm_inputs, for the fake kernels."""
-    torch._check_type(x.dtype == torch.bfloat16, lambda: f"{op}: x must be torch.bfloat16, got {x.dtype}")
-    torch._check_type(
+    torch._check_value(x.dtype == torch.bfloat16, lambda: f"{op}: x must be torch.bfloat16, got {x.dtype}")
+    torch._check_value(
         weight.dtype == torch.bfloat16, lambda: f"{op}: weight must be torch.bfloat16, got {weight.dtype}"
     )
     torch._check_value(x.dim() == 2, lambda: f"{op}: x must be 2-D [M, K], got shape {list(x.shape)}")
@@ -323,7 +328,7 @@ def _rms_norm_fake(x, weight, eps):
 def _fused_add_rms_norm_fake(x, residual, weight, eps):
     op = "fused_add_rms_norm"
     _check_norm_inputs(op, x, weight, eps)
-    torch._check_type(
+    torch._check_value(
         residual.dtype == torch.bfloat16,
         lambda: f"{op}: residual must be torch.bfloat16, got {residual.dtype}",
     )
@@ -348,3 +353,36 @@ def _ll_bf16_router_with_variant_fake(
         hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
         renormalize, routed_scaling_factor,
     )
+
+
+# ll_bf16_gemm's derivative. logits = x w^T: dx = dlogits w and dw = dlogits^T x, in fp32,
+# returned in the inputs' dtype (bf16).
+def _ll_bf16_gemm_setup_context(ctx, inputs, output):
+    hidden_states, router_weight, _ = inputs
+    ctx.save_for_backward(hidden_states, router_weight)
+
+
+def _ll_bf16_gemm_backward(ctx, grad):
+    x, w = ctx.saved_tensors
+    grad = grad.float()
+    grad_x = (grad @ w.float()).to(x.dtype) if ctx.needs_input_grad[0] else None
+    grad_w = (grad.t() @ x.float()).to(w.dtype) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w, None
+
+
+torch.library.register_autograd(
+    "kimi::ll_bf16_gemm", _ll_bf16_gemm_backward, setup_context=_ll_bf16_gemm_setup_context
+)
+
+# The other ops pick discrete experts or serve inference only: no derivative. A fallthrough
+# skips autograd at no cost per call; their outputs do not require grad.
+_autograd_lib = torch.library.Library("kimi", "IMPL")
+for _op in (
+    "ll_bf16_gemm_with_variant",
+    "ll_bf16_router",
+    "ll_bf16_router_with_variant",
+    "moe_routing",
+    "rms_norm",
+    "fused_add_rms_norm",
+):
+    _autograd_lib.impl(_op, torch.library.fallthrough_kernel, "Autograd")

@@ -12,10 +12,10 @@ DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 def bad_calls(device):
     bf = lambda *s: random_bf16(*s, device=device)  # noqa: E731
     return {
-        "x float32": ((bf(2, 64).float(), bf(8, 64)), TypeError, "hidden_states must be torch.bfloat16, got torch.float32"),
-        "x float16": ((bf(2, 64).half(), bf(8, 64)), TypeError, "hidden_states must be torch.bfloat16"),
-        "w float32": ((bf(2, 64), bf(8, 64).float()), TypeError, "router_weight must be torch.bfloat16, got torch.float32"),
-        "w int8": ((bf(2, 64), torch.zeros(8, 64, dtype=torch.int8, device=device)), TypeError, "router_weight must be torch.bfloat16"),
+        "x float32": ((bf(2, 64).float(), bf(8, 64)), ValueError, "hidden_states must be torch.bfloat16, got torch.float32"),
+        "x float16": ((bf(2, 64).half(), bf(8, 64)), ValueError, "hidden_states must be torch.bfloat16"),
+        "w float32": ((bf(2, 64), bf(8, 64).float()), ValueError, "router_weight must be torch.bfloat16, got torch.float32"),
+        "w int8": ((bf(2, 64), torch.zeros(8, 64, dtype=torch.int8, device=device)), ValueError, "router_weight must be torch.bfloat16"),
         "x 1-D": ((bf(64), bf(8, 64)), ValueError, "hidden_states must be 2-D"),
         "x 3-D": ((bf(1, 2, 64), bf(8, 64)), ValueError, "hidden_states must be 2-D"),
         "w 1-D": ((bf(2, 64), bf(64)), ValueError, "router_weight must be 2-D"),
@@ -28,9 +28,9 @@ def bad_calls(device):
         "out float64": ((bf(2, 64), bf(8, 64), torch.float64), ValueError, "out_dtype must be"),
         "out bool": ((bf(2, 64), bf(8, 64), torch.bool), ValueError, "out_dtype must be"),
         "out complex64": ((bf(2, 64), bf(8, 64), torch.complex64), ValueError, "out_dtype must be"),
-        "x int32": ((torch.ones(2, 64, dtype=torch.int32, device=device), bf(8, 64)), TypeError, "hidden_states must be torch.bfloat16, got torch.int32"),
-        "x bool": ((torch.ones(2, 64, dtype=torch.bool, device=device), bf(8, 64)), TypeError, "hidden_states must be torch.bfloat16"),
-        "w float64": ((bf(2, 64), bf(8, 64).double()), TypeError, "router_weight must be torch.bfloat16"),
+        "x int32": ((torch.ones(2, 64, dtype=torch.int32, device=device), bf(8, 64)), ValueError, "hidden_states must be torch.bfloat16, got torch.int32"),
+        "x bool": ((torch.ones(2, 64, dtype=torch.bool, device=device), bf(8, 64)), ValueError, "hidden_states must be torch.bfloat16"),
+        "w float64": ((bf(2, 64), bf(8, 64).double()), ValueError, "router_weight must be torch.bfloat16"),
         "x 0-D": ((bf(1).reshape(()), bf(8, 64)), ValueError, "hidden_states must be 2-D"),
         "w 0-D": ((bf(2, 64), bf(1).reshape(())), ValueError, "router_weight must be 2-D"),
         "x 4-D": ((bf(1, 1, 2, 64), bf(8, 64)), ValueError, "hidden_states must be 2-D"),

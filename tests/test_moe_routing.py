@@ -234,10 +234,13 @@ def test_compile_fullgraph_dynamic_parity(device):
             assert torch.equal(a, b)
 
 
-def test_no_derivative():
-    logits = torch.randn(2, 8, requires_grad=True)
-    weights, _ = kimi_router_ops.moe_routing(logits, None, 2)
-    with pytest.raises(RuntimeError):
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_derivative(device):
+    logits = torch.randn(2, 8, device=device, requires_grad=True)
+    bias = torch.zeros(8, device=device, requires_grad=True)
+    weights, ids = kimi_router_ops.moe_routing(logits, bias, 2)
+    assert not (weights.requires_grad or ids.requires_grad)
+    with pytest.raises(RuntimeError, match="does not require grad"):
         weights.sum().backward()
 
 
@@ -245,8 +248,8 @@ def bad_routing_calls(device):
     logits = torch.zeros(2, 16, device=device)
     f32 = lambda *s: torch.zeros(*s, device=device)  # noqa: E731
     return {
-        "logits float64": ((logits.double(), None, 2), TypeError, "moe_routing: logits must be torch.float32 or torch.bfloat16, got torch.float64"),
-        "logits float16": ((logits.half(), None, 2), TypeError, "moe_routing: logits must be"),
+        "logits float64": ((logits.double(), None, 2), ValueError, "moe_routing: logits must be torch.float32 or torch.bfloat16, got torch.float64"),
+        "logits float16": ((logits.half(), None, 2), ValueError, "moe_routing: logits must be"),
         "logits 1-D": ((logits[0], None, 2), ValueError, r"moe_routing: logits must be 2-D \[M, N\]"),
         "logits 3-D": ((logits[None], None, 2), ValueError, "moe_routing: logits must be 2-D"),
         "no experts": ((f32(2, 0), None, 1), ValueError, "moe_routing: logits must have N >= 1 experts"),
@@ -256,7 +259,7 @@ def bad_routing_calls(device):
         "top_k > N": ((logits, None, 17), ValueError, r"top_k must be in \[1, experts in the kept groups=16\], got 17"),
         "top_k zero": ((logits, None, 0), ValueError, "top_k must be in"),
         "bias wrong length": ((logits, f32(15), 2), ValueError, r"e_score_correction_bias must have shape \[N\]=\[16\]"),
-        "bias float64": ((logits, f32(16).double(), 2), TypeError, "e_score_correction_bias must be torch.float32 or torch.bfloat16"),
+        "bias float64": ((logits, f32(16).double(), 2), ValueError, "e_score_correction_bias must be torch.float32 or torch.bfloat16"),
     }
 
 

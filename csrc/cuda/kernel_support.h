@@ -1,28 +1,51 @@
 #pragma once
 // Loading the ahead-of-time kernels and preparing their arguments, for every op's dispatch.
 
-#include <ATen/core/Tensor.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/util/Exception.h>
 #include <cuda_runtime.h>
 
 #include <mutex>
 
+#include <torch/csrc/stable/accelerator.h>
+
 #include "../kernel_abi.h"
+#include "../torch_stable.h"
 
 namespace kimi {
 
 // Devices a process may use with these kernels (per-device state is kept in arrays).
 constexpr int kMaxDevices = 64;
 
-inline int device_sm(int device) {
-  const cudaDeviceProp* props = at::cuda::getDeviceProperties(device);
-  return props->major * 10 + props->minor;
+inline void check_cuda(cudaError_t err, const char* what, const char* symbol) {
+  KIMI_CHECK(err == cudaSuccess, "kimi_router_ops: ", what, " ", symbol, " failed: ",
+             cudaGetErrorString(err));
 }
 
-inline void check_cuda(cudaError_t err, const char* what, const char* symbol) {
-  TORCH_CHECK(err == cudaSuccess, "kimi_router_ops: ", what, " ", symbol, " failed: ",
-              cudaGetErrorString(err));
+inline void check_device_index(int device) {
+  KIMI_CHECK(device >= 0 && device < kMaxDevices, "kimi_router_ops: device index ", device,
+             " >= ", kMaxDevices);
+}
+
+// Compute capability, major * 10 + minor; asked of the runtime once per device.
+inline int device_sm(int device) {
+  static int sm[kMaxDevices];
+  static std::once_flag once[kMaxDevices];
+  check_device_index(device);
+  std::call_once(once[device], [device] {
+    int major = 0, minor = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+               "querying", "the compute capability");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+               "querying", "the compute capability");
+    sm[device] = major * 10 + minor;
+  });
+  return sm[device];
+}
+
+// torch's current stream on `device`.
+inline cudaStream_t current_stream(int device) {
+  void* stream = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  return static_cast<cudaStream_t>(stream);
 }
 
 // The first call in a process may happen inside CUDA-graph capture. Loading a library or
@@ -39,13 +62,13 @@ class RelaxedCaptureMode {
 
 // Loads one table's kernels for a device, once: the embedded cubin of each once per
 // process, then the per-device attributes. Devices load lazily, so a process touches only
-// GPUs it uses. Kernel is CompiledKernel or CompiledRouterKernel (kernel_abi.h).
+// GPUs it uses. Kernel is one of the Compiled*Kernel structs (kernel_abi.h).
 template <typename Kernel, size_t kCount>
 void ensure_loaded(const Kernel (&kernels)[kCount], int device) {
   static cudaLibrary_t libraries[kCount];
   static std::once_flag kernel_once[kCount];
   static std::once_flag device_once[kMaxDevices];
-  TORCH_CHECK(device < kMaxDevices, "kimi_router_ops: device index ", device, " >= ", kMaxDevices);
+  check_device_index(device);
   std::call_once(device_once[device], [&kernels, device] {
     RelaxedCaptureMode relaxed;
     const int sm = device_sm(device);
@@ -80,21 +103,29 @@ void ensure_loaded(const Kernel (&kernels)[kCount], int device) {
 
 // Sizes-one dimensions have arbitrary strides; give them the contiguous one so the
 // alignment test below is not fooled by a stride that is never used.
-inline int64_t row_stride(const at::Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
+inline int64_t row_stride(const Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
 
 // A [rows, cols] tensor with unit inner stride as an exported kernel's argument.
-inline TensorArg matrix_arg(const at::Tensor& t) {
+inline TensorArg matrix_arg(const Tensor& t) {
   return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
 }
 
-inline bool vec8_aligned(const at::Tensor& t) {
+inline bool vec8_aligned(const Tensor& t) {
   return t.size(1) % 8 == 0 && row_stride(t) % 8 == 0 &&
          reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
 // Unit stride along K is the kernels' one layout requirement; other layouts are copied once.
-inline at::Tensor unit_inner_stride(const at::Tensor& t) {
-  return (t.stride(1) == 1 || t.size(1) == 1) ? t : t.contiguous();
+inline Tensor unit_inner_stride(const Tensor& t) {
+  return (t.stride(1) == 1 || t.size(1) == 1) ? t : torch::stable::contiguous(t);
 }
+
+// A [1, N] row with unit stride of a [N] vector.
+inline Tensor as_row(const Tensor& v) {
+  return torch::stable::view(torch::stable::contiguous(v), {1, v.size(0)});
+}
+
+// Makes `t`'s device current for the calls of a scope.
+using DeviceGuard = torch::stable::accelerator::DeviceGuard;
 
 }  // namespace kimi

@@ -2,11 +2,6 @@
 // (sm_90 / sm_100, N <= 1024, top_k <= 32, at most 32 groups when some are dropped), the
 // ATen reference otherwise.
 
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
 #include <limits>
 
 #include "kernel_support.h"
@@ -17,8 +12,8 @@ namespace kimi {
 
 namespace {
 
-const CompiledRoutingKernel* find_routing_kernel(int64_t N, c10::ScalarType logits_dtype,
-                                                 c10::ScalarType bias_dtype, int sm) {
+const CompiledRoutingKernel* find_routing_kernel(int64_t N, ScalarType logits_dtype,
+                                                 ScalarType bias_dtype, int sm) {
   for (const CompiledRoutingKernel& kernel : kCompiledRoutingKernels) {
     if (kernel.n_min <= N && N <= kernel.n_max && kernel.logits_dtype == logits_dtype &&
         kernel.bias_dtype == bias_dtype && kernel.sm == sm) {
@@ -30,17 +25,15 @@ const CompiledRoutingKernel* find_routing_kernel(int64_t N, c10::ScalarType logi
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> moe_routing_on_gpu(const at::Tensor& logits_in,
-                                                      const std::optional<at::Tensor>& bias_in,
-                                                      int64_t top_k, int64_t n_group,
-                                                      int64_t topk_group, bool renormalize,
-                                                      double routed_scaling_factor) {
-  const at::Tensor logits = unit_inner_stride(logits_in);
+std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits_in, const OptionalTensor& bias_in,
+                                              int64_t top_k, int64_t n_group, int64_t topk_group,
+                                              bool renormalize, double routed_scaling_factor) {
+  const Tensor logits = unit_inner_stride(logits_in);
   const int64_t M = logits.size(0), N = logits.size(1);
-  const int device = logits.get_device();
+  const int device = logits.get_device_index();
   const int sm = device_sm(device);
   // Without a bias the fp32 kernel runs with has_bias = 0 and never reads the stand-in.
-  const c10::ScalarType bias_dtype = bias_in.has_value() ? bias_in->scalar_type() : at::kFloat;
+  const ScalarType bias_dtype = bias_in.has_value() ? bias_in->scalar_type() : kFloat;
   const CompiledRoutingKernel* kernel =
       routing_kernel_fits(N, top_k, n_group, topk_group, sm)
           ? find_routing_kernel(N, logits.scalar_type(), bias_dtype, sm)
@@ -49,13 +42,12 @@ std::tuple<at::Tensor, at::Tensor> moe_routing_on_gpu(const at::Tensor& logits_i
     return routing_reference(logits, bias_in, top_k, n_group, topk_group, renormalize,
                              routed_scaling_factor);
   }
-  const auto options = logits.options();
-  at::Tensor weights = at::empty({M, top_k}, options.dtype(at::kFloat));
-  at::Tensor ids = at::empty({M, top_k}, options.dtype(at::kInt));
+  Tensor weights = empty_on(logits, {M, top_k}, kFloat);
+  Tensor ids = empty_on(logits, {M, top_k}, kInt);
   if (M == 0) {
     return {weights, ids};
   }
-  const at::Tensor bias_row = bias_in.has_value() ? bias_in->contiguous().view({1, N}) : weights;
+  const Tensor bias_row = bias_in.has_value() ? as_row(*bias_in) : weights;  // alive until launch
   const TensorArg bias = bias_in.has_value()
                              ? matrix_arg(bias_row)
                              : TensorArg{weights.data_ptr(), {1, int32_t(N)}, {N}};  // a stand-in
@@ -63,26 +55,24 @@ std::tuple<at::Tensor, at::Tensor> moe_routing_on_gpu(const at::Tensor& logits_i
   RoutingArgs args{matrix_arg(logits), bias, matrix_arg(weights), matrix_arg(ids),
                    int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
                    bias_in.has_value() ? 1 : 0, static_cast<float>(routed_scaling_factor)};
-  const int32_t err = kernel->launch(&args, at::cuda::getCurrentCUDAStream(device));
+  const int32_t err = kernel->launch(&args, current_stream(device));
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
   return {weights, ids};
 }
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> moe_routing_cuda(const at::Tensor& logits,
-                                                    const std::optional<at::Tensor>& bias,
-                                                    int64_t top_k, int64_t n_group,
-                                                    int64_t topk_group, bool renormalize,
-                                                    double routed_scaling_factor) {
+std::tuple<Tensor, Tensor> moe_routing_cuda(const Tensor& logits, const OptionalTensor& bias,
+                                            int64_t top_k, int64_t n_group, int64_t topk_group,
+                                            bool renormalize, double routed_scaling_factor) {
   check_moe_routing_inputs(logits, bias, top_k, n_group, topk_group);
-  const c10::cuda::CUDAGuard guard(logits.device());
+  const DeviceGuard guard(logits.get_device_index());
   return moe_routing_on_gpu(logits, bias, top_k, n_group, topk_group, renormalize,
                             routed_scaling_factor);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(kimi, CUDA, m) { m.impl("moe_routing", &moe_routing_cuda); }
+STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) { m.impl("moe_routing", TORCH_BOX(&moe_routing_cuda)); }
 
 }  // namespace kimi

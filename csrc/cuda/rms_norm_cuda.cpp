@@ -1,11 +1,6 @@
 // CUDA implementation of the norm ops: the PDL-launched CuTe DSL kernel (one CTA per row)
 // on the GPUs it was compiled for, the ATen reference on others.
 
-#include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
-
 #include <limits>
 
 #include "kernel_support.h"
@@ -26,14 +21,13 @@ const CompiledNormKernel* find_norm_kernel(bool add_residual, int vec, int sm) {
 }
 
 // Runs the kernel into out (and residual_out); false if this GPU has none.
-bool launch_norm(const at::Tensor& x_in, const at::Tensor* residual_in,
-                 const at::Tensor& weight_in, double eps, const at::Tensor& out,
-                 const at::Tensor& residual_out) {
-  const int device = x_in.get_device();
+bool launch_norm(const Tensor& x_in, const Tensor* residual_in, const Tensor& weight_in,
+                 double eps, const Tensor& out, const Tensor& residual_out) {
+  const int device = x_in.get_device_index();
   const int sm = device_sm(device);
-  const at::Tensor x = unit_inner_stride(x_in);
-  const at::Tensor residual = residual_in != nullptr ? unit_inner_stride(*residual_in) : x;
-  const at::Tensor weight = weight_in.contiguous().view({1, x.size(1)});
+  const Tensor x = unit_inner_stride(x_in);
+  const Tensor residual = residual_in != nullptr ? unit_inner_stride(*residual_in) : x;
+  const Tensor weight = as_row(weight_in);
   const bool vec8 = vec8_aligned(x) && vec8_aligned(residual) && vec8_aligned(weight) &&
                     vec8_aligned(out) && vec8_aligned(residual_out);
   const CompiledNormKernel* kernel = find_norm_kernel(residual_in != nullptr, vec8 ? 8 : 1, sm);
@@ -47,26 +41,25 @@ bool launch_norm(const at::Tensor& x_in, const at::Tensor* residual_in,
   ensure_loaded(kCompiledNormKernels, device);
   NormArgs args{matrix_arg(x), matrix_arg(residual), matrix_arg(weight), matrix_arg(out),
                 matrix_arg(residual_out), static_cast<float>(eps)};
-  const int32_t err = kernel->launch(&args, at::cuda::getCurrentCUDAStream(device));
+  const int32_t err = kernel->launch(&args, current_stream(device));
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
   return true;
 }
 
-at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
+Tensor rms_norm_cuda(const Tensor& x, const Tensor& weight, double eps) {
   check_norm_inputs("rms_norm", x, nullptr, weight, eps);
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = at::empty(x.sizes(), x.options());
+  const DeviceGuard guard(x.get_device_index());
+  Tensor out = empty_on(x, {x.size(0), x.size(1)}, kBFloat16);
   // rms_norm's kernel neither reads residual nor writes residual_out: x and out stand in.
   return launch_norm(x, nullptr, weight, eps, out, out) ? out : rms_norm_reference(x, weight, eps);
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
-                                                           const at::Tensor& residual,
-                                                           const at::Tensor& weight, double eps) {
+std::tuple<Tensor, Tensor> fused_add_rms_norm_cuda(const Tensor& x, const Tensor& residual,
+                                                   const Tensor& weight, double eps) {
   check_norm_inputs("fused_add_rms_norm", x, &residual, weight, eps);
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  at::Tensor residual_out = at::empty(x.sizes(), x.options());
+  const DeviceGuard guard(x.get_device_index());
+  Tensor out = empty_on(x, {x.size(0), x.size(1)}, kBFloat16);
+  Tensor residual_out = empty_on(x, {x.size(0), x.size(1)}, kBFloat16);
   if (launch_norm(x, &residual, weight, eps, out, residual_out)) {
     return {out, residual_out};
   }
@@ -75,9 +68,9 @@ std::tuple<at::Tensor, at::Tensor> fused_add_rms_norm_cuda(const at::Tensor& x,
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
-  m.impl("rms_norm", &rms_norm_cuda);
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cuda);
+STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
+  m.impl("rms_norm", TORCH_BOX(&rms_norm_cuda));
+  m.impl("fused_add_rms_norm", TORCH_BOX(&fused_add_rms_norm_cuda));
 }
 
 }  // namespace kimi

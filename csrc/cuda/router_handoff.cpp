@@ -72,10 +72,9 @@ struct HandoffPool {
 
 int32_t* router_handoff(int device, cudaStream_t stream, int64_t words) {
   static HandoffPool pools[kMaxDevices];
-  TORCH_CHECK(device >= 0 && device < kMaxDevices, "kimi_router_ops: device index ", device,
-              " >= ", kMaxDevices);
-  TORCH_CHECK(words <= kStreamWords, "kimi_router_ops: a router handoff of ", words,
-              " words > ", kStreamWords);
+  check_device_index(device);
+  KIMI_CHECK(words <= kStreamWords, "kimi_router_ops: a router handoff of ", words,
+             " words > ", kStreamWords);
   HandoffPool& pool = pools[device];
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   check_cuda(cudaStreamIsCapturing(stream, &capture), "querying capture of", "the stream");
