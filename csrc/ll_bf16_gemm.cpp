@@ -15,24 +15,24 @@
 namespace kimi {
 
 void check_inputs(const Tensor& x, const Tensor& w, ScalarType out_dtype, const char* op) {
-  KIMI_CHECK_VALUE(x.scalar_type() == kBFloat16, op,
+  KIMI_CHECK(x.scalar_type() == kBFloat16, op,
                    ": hidden_states must be torch.bfloat16, got ", dtype_name(x.scalar_type()));
-  KIMI_CHECK_VALUE(w.scalar_type() == kBFloat16, op,
+  KIMI_CHECK(w.scalar_type() == kBFloat16, op,
                    ": router_weight must be torch.bfloat16, got ", dtype_name(w.scalar_type()));
-  KIMI_CHECK_VALUE(x.dim() == 2, op, ": hidden_states must be 2-D [M, K], got shape ",
+  KIMI_CHECK(x.dim() == 2, op, ": hidden_states must be 2-D [M, K], got shape ",
                    x.sizes());
-  KIMI_CHECK_VALUE(w.dim() == 2, op, ": router_weight must be 2-D [N, K], got shape ",
+  KIMI_CHECK(w.dim() == 2, op, ": router_weight must be 2-D [N, K], got shape ",
                    w.sizes());
-  KIMI_CHECK_VALUE(x.size(1) == w.size(1),
+  KIMI_CHECK(x.size(1) == w.size(1),
                    op, ": hidden_states [M, K] and router_weight [N, K] must have the "
                    "same K, got hidden_states ", x.sizes(), " and router_weight ", w.sizes());
-  KIMI_CHECK_VALUE(x.size(1) > 0, op, ": K must be at least 1, got hidden_states ", x.sizes());
-  KIMI_CHECK_VALUE(w.size(0) > 0, op, ": router_weight must have N >= 1 rows, got ",
+  KIMI_CHECK(x.size(1) > 0, op, ": K must be at least 1, got hidden_states ", x.sizes());
+  KIMI_CHECK(w.size(0) > 0, op, ": router_weight must have N >= 1 rows, got ",
                    w.sizes());
   KIMI_CHECK(x.device() == w.device(),
              op, ": hidden_states and router_weight must be on the same device, got ",
              x.device(), " and ", w.device());
-  KIMI_CHECK_VALUE(out_dtype == kFloat || out_dtype == kBFloat16,
+  KIMI_CHECK(out_dtype == kFloat || out_dtype == kBFloat16,
                    op, ": out_dtype must be torch.float32 or torch.bfloat16, got ",
                    dtype_name(out_dtype));
 }
@@ -87,7 +87,7 @@ const VariantRow& variant_by_name(const std::string& name) {
     }
     names << " " << row.name;
   }
-  throw std::invalid_argument(message("ll_bf16_gemm_with_variant: unknown variant '", name,
+  throw std::runtime_error(message("ll_bf16_gemm_with_variant: unknown variant '", name,
                                       "'; expected cublas or one of:", names.str()));
 }
 
@@ -112,10 +112,10 @@ Tensor ll_bf16_gemm_with_variant_cpu(const Tensor& x, const Tensor& w, const std
 
 std::string ll_bf16_gemm_variant(int64_t M, int64_t N, int64_t K, ScalarType out_dtype,
                                  int64_t sm, bool aligned) {
-  KIMI_CHECK_VALUE(M >= 0 && N >= 1 && K >= 1,
+  KIMI_CHECK(M >= 0 && N >= 1 && K >= 1,
                    "ll_bf16_gemm_variant: expected M >= 0, N >= 1, K >= 1, got M=", M, " N=", N,
                    " K=", K);
-  KIMI_CHECK_VALUE(out_dtype == kFloat || out_dtype == kBFloat16,
+  KIMI_CHECK(out_dtype == kFloat || out_dtype == kBFloat16,
                    "ll_bf16_gemm_variant: out_dtype must be torch.float32 or torch.bfloat16, got ",
                    dtype_name(out_dtype));
   if (M == 0) {

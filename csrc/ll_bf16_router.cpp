@@ -78,7 +78,7 @@ const RouterRow& router_row_by_name(const std::string& name) {
     }
     names << " " << row.name;
   }
-  throw std::invalid_argument(message("ll_bf16_router_with_variant: unknown variant '", name,
+  throw std::runtime_error(message("ll_bf16_router_with_variant: unknown variant '", name,
                                       "'; expected one of:", names.str()));
 }
 
@@ -107,7 +107,7 @@ std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cpu(
 
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
                                    int64_t n_group, int64_t topk_group, int64_t sm, bool aligned) {
-  KIMI_CHECK_VALUE(M >= 0 && N >= 1 && K >= 1,
+  KIMI_CHECK(M >= 0 && N >= 1 && K >= 1,
                    "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
                    " N=", N, " K=", K);
   // A problem the op rejects gets the op's error.

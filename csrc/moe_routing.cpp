@@ -22,23 +22,23 @@ namespace kimi {
 void check_routing_args(const char* op, int64_t N, const std::optional<Device>& device,
                         const char* device_of, const OptionalTensor& bias, int64_t top_k,
                         int64_t n_group, int64_t topk_group) {
-  KIMI_CHECK_VALUE(n_group >= 1 && N % n_group == 0, op,
+  KIMI_CHECK(n_group >= 1 && N % n_group == 0, op,
                    ": n_group must divide the number of experts, got n_group=", n_group,
                    " and N=", N);
-  KIMI_CHECK_VALUE(topk_group >= 1 && topk_group <= n_group, op,
+  KIMI_CHECK(topk_group >= 1 && topk_group <= n_group, op,
                    ": topk_group must be in [1, n_group=", n_group, "], got ", topk_group);
-  KIMI_CHECK_VALUE(n_group == 1 || N / n_group >= 2, op,
+  KIMI_CHECK(n_group == 1 || N / n_group >= 2, op,
                    ": with n_group > 1 each group needs at least 2 experts (a group's score is "
                    "the sum of its two best), got N=", N, " and n_group=", n_group);
   const int64_t kept = topk_group * (N / n_group);
-  KIMI_CHECK_VALUE(top_k >= 1 && top_k <= kept, op,
+  KIMI_CHECK(top_k >= 1 && top_k <= kept, op,
                    ": top_k must be in [1, experts in the kept groups=", kept, "], got ", top_k);
   if (bias.has_value()) {
     const Tensor& b = *bias;
-    KIMI_CHECK_VALUE(b.scalar_type() == kFloat || b.scalar_type() == kBFloat16, op,
+    KIMI_CHECK(b.scalar_type() == kFloat || b.scalar_type() == kBFloat16, op,
                      ": e_score_correction_bias must be torch.float32 or torch.bfloat16, got ",
                      dtype_name(b.scalar_type()));
-    KIMI_CHECK_VALUE(b.dim() == 1 && b.size(0) == N, op,
+    KIMI_CHECK(b.dim() == 1 && b.size(0) == N, op,
                      ": e_score_correction_bias must have shape [N]=[", N, "], got ", b.sizes());
     KIMI_CHECK(!device.has_value() || b.device() == *device, op,
                ": e_score_correction_bias must be on the device of ", device_of, ", got ",
@@ -59,12 +59,12 @@ constexpr const char* kOp = "moe_routing";
 
 void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias, int64_t top_k,
                               int64_t n_group, int64_t topk_group) {
-  KIMI_CHECK_VALUE(logits.scalar_type() == kFloat || logits.scalar_type() == kBFloat16, kOp,
+  KIMI_CHECK(logits.scalar_type() == kFloat || logits.scalar_type() == kBFloat16, kOp,
                    ": logits must be torch.float32 or torch.bfloat16, got ",
                    dtype_name(logits.scalar_type()));
-  KIMI_CHECK_VALUE(logits.dim() == 2, kOp, ": logits must be 2-D [M, N], got shape ",
+  KIMI_CHECK(logits.dim() == 2, kOp, ": logits must be 2-D [M, N], got shape ",
                    logits.sizes());
-  KIMI_CHECK_VALUE(logits.size(1) >= 1, kOp, ": logits must have N >= 1 experts, got shape ",
+  KIMI_CHECK(logits.size(1) >= 1, kOp, ": logits must have N >= 1 experts, got shape ",
                    logits.sizes());
   check_routing_args(kOp, logits.size(1), logits.device(), "logits", bias, top_k, n_group,
                      topk_group);

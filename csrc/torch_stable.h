@@ -1,8 +1,8 @@
 #pragma once
 // What _C uses of torch: only its stable ABI (torch/csrc/stable and the C shims), so one
 // build serves every torch from TORCH_TARGET_VERSION (setup.py) on. This header adds the
-// few things every source needs on top: error checks that reach Python with the right
-// type, the formatting of their messages, allocation, and calls of ATen ops by name.
+// few things every source needs on top: error checks and their messages, allocation, and
+// calls of ATen ops by name.
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/stable/library.h>
@@ -50,14 +50,9 @@ std::string message(const Args&... args) {
 
 }  // namespace kimi
 
-// torch turns a std::invalid_argument into a Python ValueError and any other exception into
-// a RuntimeError (the stable ABI has no way to raise a TypeError).
-#define KIMI_CHECK_VALUE(cond, ...)                                 \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      throw std::invalid_argument(::kimi::message(__VA_ARGS__));    \
-    }                                                               \
-  } while (false)
+// An argument error. The stable ABI carries no exception type: torch 2.15 turns whatever a
+// kernel throws into a RuntimeError, and earlier releases a std::runtime_error too (a
+// std::invalid_argument would be a ValueError there, so the type would depend on torch).
 #define KIMI_CHECK(cond, ...)                                       \
   do {                                                              \
     if (!(cond)) {                                                  \

@@ -1,9 +1,9 @@
 """Python surface of torch.ops.kimi: typed wrappers, the fake (meta) kernels and autograd.
 
 Each op's schema lives in its csrc/<op>.cpp; the fake kernels here check the same input
-contract as the C++ checks (same exception types, same messages), so torch.compile reports
-a bad call as eager mode would, without touching data. Every bad argument is a ValueError
-(a device mismatch a RuntimeError): the C++ side can raise no TypeError (csrc/torch_stable.h).
+contract as the C++ checks (same messages), so torch.compile reports a bad call as eager
+mode would, without touching data. Every bad argument is a RuntimeError, whatever the torch:
+the stable ABI that _C is built on carries no exception type (csrc/torch_stable.h).
 
 Autograd lives here because torch's stable ABI, which _C is built on, has none:
 `ll_bf16_gemm` has a derivative; the routing and norm ops have none, and their outputs never
@@ -27,8 +27,19 @@ def ll_bf16_gemm(
     bfloat16). On Hopper and datacenter Blackwell GPUs, M <= 16 runs the CuTe DSL kernels
     (a dot product at M == 1, tensor cores above; both load their first weights before the
     PDL wait); larger M and other GPUs use cuBLAS.
+
+    Differentiable. Where nothing needs a gradient this wrapper goes around the op's autograd
+    kernel, a Python function that costs several µs an eager call (see the end of this file).
     """
-    return torch.ops.kimi.ll_bf16_gemm.default(hidden_states, router_weight, out_dtype)
+    op = torch.ops.kimi.ll_bf16_gemm.default
+    if (
+        torch.compiler.is_compiling()  # first: Dynamo cannot trace is_inference_mode_enabled
+        or torch.is_inference_mode_enabled()  # autograd kernels do not run at all
+        or (torch.is_grad_enabled() and (hidden_states.requires_grad or router_weight.requires_grad))
+    ):
+        return op(hidden_states, router_weight, out_dtype)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(hidden_states, router_weight, out_dtype)
 
 
 def ll_bf16_gemm_with_variant(
@@ -63,31 +74,31 @@ def compiled_kernels() -> list[str]:
 
 def _check_inputs(x: Tensor, w: Tensor, out_dtype: torch.dtype, op: str = "ll_bf16_gemm") -> None:
     """csrc's check_inputs, for the fake kernels."""
-    torch._check_value(
+    torch._check(
         x.dtype == torch.bfloat16,
         lambda: f"{op}: hidden_states must be torch.bfloat16, got {x.dtype}",
     )
-    torch._check_value(
+    torch._check(
         w.dtype == torch.bfloat16,
         lambda: f"{op}: router_weight must be torch.bfloat16, got {w.dtype}",
     )
-    torch._check_value(
+    torch._check(
         x.dim() == 2,
         lambda: f"{op}: hidden_states must be 2-D [M, K], got shape {list(x.shape)}",
     )
-    torch._check_value(
+    torch._check(
         w.dim() == 2,
         lambda: f"{op}: router_weight must be 2-D [N, K], got shape {list(w.shape)}",
     )
-    torch._check_value(
+    torch._check(
         x.shape[1] == w.shape[1],
         lambda: f"{op}: hidden_states [M, K] and router_weight [N, K] must have the same "
         f"K, got hidden_states {list(x.shape)} and router_weight {list(w.shape)}",
     )
-    torch._check_value(
+    torch._check(
         x.shape[1] > 0, lambda: f"{op}: K must be at least 1, got hidden_states {list(x.shape)}"
     )
-    torch._check_value(
+    torch._check(
         w.shape[0] > 0,
         lambda: f"{op}: router_weight must have N >= 1 rows, got {list(w.shape)}",
     )
@@ -96,7 +107,7 @@ def _check_inputs(x: Tensor, w: Tensor, out_dtype: torch.dtype, op: str = "ll_bf
         lambda: f"{op}: hidden_states and router_weight must be on the same device, "
         f"got {x.device} and {w.device}",
     )
-    torch._check_value(
+    torch._check(
         out_dtype in _OUT_DTYPES,
         lambda: f"{op}: out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}",
     )
@@ -152,7 +163,7 @@ def ll_bf16_router_with_variant(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`ll_bf16_router` with the fused kernel named: a row of
     `kimi_router_ops.variants.ROUTER_VARIANTS`, which must serve the problem on this GPU
-    (`ValueError` otherwise). The CPU checks the name and runs the reference. For
+    (`RuntimeError` otherwise). The CPU checks the name and runs the reference. For
     benchmarks and tests."""
     return torch.ops.kimi.ll_bf16_router_with_variant.default(
         hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
@@ -179,31 +190,31 @@ def chosen_router_variant(
 
 def _check_routing_args(op, n, device, device_of, bias, top_k, n_group, topk_group) -> None:
     """csrc's check_routing_args, for the fake kernels."""
-    torch._check_value(
+    torch._check(
         n_group >= 1 and n % n_group == 0,
         lambda: f"{op}: n_group must divide the number of experts, got n_group={n_group} and N={n}",
     )
-    torch._check_value(
+    torch._check(
         1 <= topk_group <= n_group,
         lambda: f"{op}: topk_group must be in [1, n_group={n_group}], got {topk_group}",
     )
-    torch._check_value(
+    torch._check(
         n_group == 1 or n // n_group >= 2,
         lambda: f"{op}: with n_group > 1 each group needs at least 2 experts (a group's score is "
         f"the sum of its two best), got N={n} and n_group={n_group}",
     )
     kept = topk_group * (n // n_group)
-    torch._check_value(
+    torch._check(
         1 <= top_k <= kept,
         lambda: f"{op}: top_k must be in [1, experts in the kept groups={kept}], got {top_k}",
     )
     if bias is not None:
-        torch._check_value(
+        torch._check(
             bias.dtype in (torch.float32, torch.bfloat16),
             lambda: f"{op}: e_score_correction_bias must be torch.float32 or torch.bfloat16, "
             f"got {bias.dtype}",
         )
-        torch._check_value(
+        torch._check(
             bias.dim() == 1 and bias.shape[0] == n,
             lambda: f"{op}: e_score_correction_bias must have shape [N]=[{n}], got {list(bias.shape)}",
         )
@@ -264,14 +275,14 @@ def _moe_routing_fake(
     routed_scaling_factor=1.0,
 ):
     op = "moe_routing"
-    torch._check_value(
+    torch._check(
         logits.dtype in (torch.float32, torch.bfloat16),
         lambda: f"{op}: logits must be torch.float32 or torch.bfloat16, got {logits.dtype}",
     )
-    torch._check_value(
+    torch._check(
         logits.dim() == 2, lambda: f"{op}: logits must be 2-D [M, N], got shape {list(logits.shape)}"
     )
-    torch._check_value(
+    torch._check(
         logits.shape[1] >= 1, lambda: f"{op}: logits must have N >= 1 experts, got shape {list(logits.shape)}"
     )
     _check_routing_args(op, logits.shape[1], logits.device, "logits", e_score_correction_bias, top_k,
@@ -299,13 +310,13 @@ def fused_add_rms_norm(
 
 def _check_norm_inputs(op: str, x: Tensor, weight: Tensor, eps: float) -> None:
     """csrc's check_norm_inputs, for the fake kernels."""
-    torch._check_value(x.dtype == torch.bfloat16, lambda: f"{op}: x must be torch.bfloat16, got {x.dtype}")
-    torch._check_value(
+    torch._check(x.dtype == torch.bfloat16, lambda: f"{op}: x must be torch.bfloat16, got {x.dtype}")
+    torch._check(
         weight.dtype == torch.bfloat16, lambda: f"{op}: weight must be torch.bfloat16, got {weight.dtype}"
     )
-    torch._check_value(x.dim() == 2, lambda: f"{op}: x must be 2-D [M, K], got shape {list(x.shape)}")
-    torch._check_value(x.shape[1] >= 1, lambda: f"{op}: K must be at least 1, got x {list(x.shape)}")
-    torch._check_value(
+    torch._check(x.dim() == 2, lambda: f"{op}: x must be 2-D [M, K], got shape {list(x.shape)}")
+    torch._check(x.shape[1] >= 1, lambda: f"{op}: K must be at least 1, got x {list(x.shape)}")
+    torch._check(
         weight.dim() == 1 and weight.shape[0] == x.shape[1],
         lambda: f"{op}: weight must have shape [K]=[{x.shape[1]}], got {list(weight.shape)}",
     )
@@ -313,7 +324,7 @@ def _check_norm_inputs(op: str, x: Tensor, weight: Tensor, eps: float) -> None:
         weight.device == x.device,
         lambda: f"{op}: x and weight must be on the same device, got {x.device} and {weight.device}",
     )
-    torch._check_value(
+    torch._check(
         math.isfinite(eps) and eps >= 0, lambda: f"{op}: eps must be finite and >= 0, got {eps}"
     )
 
@@ -328,11 +339,11 @@ def _rms_norm_fake(x, weight, eps):
 def _fused_add_rms_norm_fake(x, residual, weight, eps):
     op = "fused_add_rms_norm"
     _check_norm_inputs(op, x, weight, eps)
-    torch._check_value(
+    torch._check(
         residual.dtype == torch.bfloat16,
         lambda: f"{op}: residual must be torch.bfloat16, got {residual.dtype}",
     )
-    torch._check_value(
+    torch._check(
         residual.shape == x.shape,
         lambda: f"{op}: residual must have the shape of x {list(x.shape)}, got {list(residual.shape)}",
     )
@@ -356,7 +367,8 @@ def _ll_bf16_router_with_variant_fake(
 
 
 # ll_bf16_gemm's derivative. logits = x w^T: dx = dlogits w and dw = dlogits^T x, in fp32,
-# returned in the inputs' dtype (bf16).
+# returned in the inputs' dtype (bf16). torch runs this autograd kernel in Python on every
+# eager call of the op outside inference_mode, needed or not; the wrapper above skips it.
 def _ll_bf16_gemm_setup_context(ctx, inputs, output):
     hidden_states, router_weight, _ = inputs
     ctx.save_for_backward(hidden_states, router_weight)

@@ -248,18 +248,18 @@ def bad_routing_calls(device):
     logits = torch.zeros(2, 16, device=device)
     f32 = lambda *s: torch.zeros(*s, device=device)  # noqa: E731
     return {
-        "logits float64": ((logits.double(), None, 2), ValueError, "moe_routing: logits must be torch.float32 or torch.bfloat16, got torch.float64"),
-        "logits float16": ((logits.half(), None, 2), ValueError, "moe_routing: logits must be"),
-        "logits 1-D": ((logits[0], None, 2), ValueError, r"moe_routing: logits must be 2-D \[M, N\]"),
-        "logits 3-D": ((logits[None], None, 2), ValueError, "moe_routing: logits must be 2-D"),
-        "no experts": ((f32(2, 0), None, 1), ValueError, "moe_routing: logits must have N >= 1 experts"),
-        "n_group does not divide N": ((logits, None, 2, 3, 1), ValueError, "moe_routing: n_group must divide the number of experts, got n_group=3 and N=16"),
-        "topk_group > n_group": ((logits, None, 2, 4, 5), ValueError, r"topk_group must be in \[1, n_group=4\], got 5"),
-        "groups of one": ((logits, None, 2, 16, 4), ValueError, "each group needs at least 2 experts"),
-        "top_k > N": ((logits, None, 17), ValueError, r"top_k must be in \[1, experts in the kept groups=16\], got 17"),
-        "top_k zero": ((logits, None, 0), ValueError, "top_k must be in"),
-        "bias wrong length": ((logits, f32(15), 2), ValueError, r"e_score_correction_bias must have shape \[N\]=\[16\]"),
-        "bias float64": ((logits, f32(16).double(), 2), ValueError, "e_score_correction_bias must be torch.float32 or torch.bfloat16"),
+        "logits float64": ((logits.double(), None, 2), RuntimeError, "moe_routing: logits must be torch.float32 or torch.bfloat16, got torch.float64"),
+        "logits float16": ((logits.half(), None, 2), RuntimeError, "moe_routing: logits must be"),
+        "logits 1-D": ((logits[0], None, 2), RuntimeError, r"moe_routing: logits must be 2-D \[M, N\]"),
+        "logits 3-D": ((logits[None], None, 2), RuntimeError, "moe_routing: logits must be 2-D"),
+        "no experts": ((f32(2, 0), None, 1), RuntimeError, "moe_routing: logits must have N >= 1 experts"),
+        "n_group does not divide N": ((logits, None, 2, 3, 1), RuntimeError, "moe_routing: n_group must divide the number of experts, got n_group=3 and N=16"),
+        "topk_group > n_group": ((logits, None, 2, 4, 5), RuntimeError, r"topk_group must be in \[1, n_group=4\], got 5"),
+        "groups of one": ((logits, None, 2, 16, 4), RuntimeError, "each group needs at least 2 experts"),
+        "top_k > N": ((logits, None, 17), RuntimeError, r"top_k must be in \[1, experts in the kept groups=16\], got 17"),
+        "top_k zero": ((logits, None, 0), RuntimeError, "top_k must be in"),
+        "bias wrong length": ((logits, f32(15), 2), RuntimeError, r"e_score_correction_bias must have shape \[N\]=\[16\]"),
+        "bias float64": ((logits, f32(16).double(), 2), RuntimeError, "e_score_correction_bias must be torch.float32 or torch.bfloat16"),
     }
 
 
@@ -349,5 +349,5 @@ def test_router_path_outside_the_fused_rows(case, expected):
 
 @pytest.mark.parametrize("case", [dict(top_k=0), dict(top_k=8, n_group=3), dict(top_k=8, n_group=8, topk_group=9)])
 def test_router_choice_for_a_rejected_problem_is_the_ops_error(case):
-    with pytest.raises(ValueError, match="ll_bf16_router: "):
+    with pytest.raises(RuntimeError, match="ll_bf16_router: "):
         kimi_router_ops.chosen_router_variant(4, 256, 7168, **case)

@@ -108,18 +108,18 @@ def bad_norm_calls(device):
     bf = lambda *s: random_bf16(*s, device=device)  # noqa: E731
     x, w = bf(2, 64), bf(64)
     return {
-        "x float32": ("rms_norm", (x.float(), w, 1e-6), ValueError, "rms_norm: x must be torch.bfloat16, got torch.float32"),
-        "weight float32": ("rms_norm", (x, w.float(), 1e-6), ValueError, "weight must be torch.bfloat16"),
-        "x 1-D": ("rms_norm", (bf(64), w, 1e-6), ValueError, r"x must be 2-D \[M, K\]"),
-        "x 3-D": ("rms_norm", (bf(1, 2, 64), w, 1e-6), ValueError, "x must be 2-D"),
-        "K zero": ("rms_norm", (bf(2, 0), bf(0), 1e-6), ValueError, "K must be at least 1"),
-        "weight wrong length": ("rms_norm", (x, bf(63), 1e-6), ValueError, r"weight must have shape \[K\]=\[64\]"),
-        "weight 2-D": ("rms_norm", (x, bf(1, 64), 1e-6), ValueError, "weight must have shape"),
-        "eps negative": ("rms_norm", (x, w, -1.0), ValueError, "eps must be finite and >= 0, got -1"),
-        "eps nan": ("rms_norm", (x, w, float("nan")), ValueError, "eps must be finite"),
-        "residual float32": ("fused_add_rms_norm", (x, x.float(), w, 1e-6), ValueError, "fused_add_rms_norm: residual must be torch.bfloat16"),
-        "residual shape": ("fused_add_rms_norm", (x, bf(3, 64), w, 1e-6), ValueError, "residual must have the shape of x"),
-        "fused x float16": ("fused_add_rms_norm", (x.half(), x, w, 1e-6), ValueError, "fused_add_rms_norm: x must be torch.bfloat16"),
+        "x float32": ("rms_norm", (x.float(), w, 1e-6), RuntimeError, "rms_norm: x must be torch.bfloat16, got torch.float32"),
+        "weight float32": ("rms_norm", (x, w.float(), 1e-6), RuntimeError, "weight must be torch.bfloat16"),
+        "x 1-D": ("rms_norm", (bf(64), w, 1e-6), RuntimeError, r"x must be 2-D \[M, K\]"),
+        "x 3-D": ("rms_norm", (bf(1, 2, 64), w, 1e-6), RuntimeError, "x must be 2-D"),
+        "K zero": ("rms_norm", (bf(2, 0), bf(0), 1e-6), RuntimeError, "K must be at least 1"),
+        "weight wrong length": ("rms_norm", (x, bf(63), 1e-6), RuntimeError, r"weight must have shape \[K\]=\[64\]"),
+        "weight 2-D": ("rms_norm", (x, bf(1, 64), 1e-6), RuntimeError, "weight must have shape"),
+        "eps negative": ("rms_norm", (x, w, -1.0), RuntimeError, "eps must be finite and >= 0, got -1"),
+        "eps nan": ("rms_norm", (x, w, float("nan")), RuntimeError, "eps must be finite"),
+        "residual float32": ("fused_add_rms_norm", (x, x.float(), w, 1e-6), RuntimeError, "fused_add_rms_norm: residual must be torch.bfloat16"),
+        "residual shape": ("fused_add_rms_norm", (x, bf(3, 64), w, 1e-6), RuntimeError, "residual must have the shape of x"),
+        "fused x float16": ("fused_add_rms_norm", (x.half(), x, w, 1e-6), RuntimeError, "fused_add_rms_norm: x must be torch.bfloat16"),
     }
 
 

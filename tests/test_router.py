@@ -357,21 +357,21 @@ def bad_router_calls(device):
     x, w = bf(2, 64), bf(16, 64)
     f32 = lambda *s: torch.zeros(*s, device=device)  # noqa: E731
     return {
-        "n_group does not divide N": ((x, w, None, 2, 3, 1), ValueError, "n_group must divide the number of experts, got n_group=3 and N=16"),
-        "n_group zero": ((x, w, None, 2, 0, 1), ValueError, "n_group must divide"),
-        "topk_group > n_group": ((x, w, None, 2, 4, 5), ValueError, r"topk_group must be in \[1, n_group=4\], got 5"),
-        "topk_group zero": ((x, w, None, 2, 4, 0), ValueError, "topk_group must be in"),
-        "groups of one": ((x, w, None, 2, 16, 4), ValueError, "each group needs at least 2 experts"),
-        "top_k > N": ((x, w, None, 17), ValueError, r"top_k must be in \[1, experts in the kept groups=16\], got 17"),
-        "top_k > kept experts": ((x, w, None, 9, 4, 2), ValueError, "experts in the kept groups=8"),
-        "top_k zero": ((x, w, None, 0), ValueError, "top_k must be in"),
-        "bias wrong length": ((x, w, f32(15), 2), ValueError, r"e_score_correction_bias must have shape \[N\]=\[16\]"),
-        "bias 2-D": ((x, w, f32(1, 16), 2), ValueError, "e_score_correction_bias must have shape"),
-        "bias float64": ((x, w, f32(16).double(), 2), ValueError, "e_score_correction_bias must be torch.float32 or torch.bfloat16, got torch.float64"),
-        "bias int32": ((x, w, f32(16).int(), 2), ValueError, "e_score_correction_bias must be"),
-        "x float32": ((x.float(), w, None, 2), ValueError, "ll_bf16_router: hidden_states must be torch.bfloat16"),
-        "K mismatch": ((x, bf(16, 63), None, 2), ValueError, "ll_bf16_router: .* must have the same K"),
-        "w 3-D": ((x, bf(1, 16, 64), None, 2), ValueError, "ll_bf16_router: router_weight must be 2-D"),
+        "n_group does not divide N": ((x, w, None, 2, 3, 1), RuntimeError, "n_group must divide the number of experts, got n_group=3 and N=16"),
+        "n_group zero": ((x, w, None, 2, 0, 1), RuntimeError, "n_group must divide"),
+        "topk_group > n_group": ((x, w, None, 2, 4, 5), RuntimeError, r"topk_group must be in \[1, n_group=4\], got 5"),
+        "topk_group zero": ((x, w, None, 2, 4, 0), RuntimeError, "topk_group must be in"),
+        "groups of one": ((x, w, None, 2, 16, 4), RuntimeError, "each group needs at least 2 experts"),
+        "top_k > N": ((x, w, None, 17), RuntimeError, r"top_k must be in \[1, experts in the kept groups=16\], got 17"),
+        "top_k > kept experts": ((x, w, None, 9, 4, 2), RuntimeError, "experts in the kept groups=8"),
+        "top_k zero": ((x, w, None, 0), RuntimeError, "top_k must be in"),
+        "bias wrong length": ((x, w, f32(15), 2), RuntimeError, r"e_score_correction_bias must have shape \[N\]=\[16\]"),
+        "bias 2-D": ((x, w, f32(1, 16), 2), RuntimeError, "e_score_correction_bias must have shape"),
+        "bias float64": ((x, w, f32(16).double(), 2), RuntimeError, "e_score_correction_bias must be torch.float32 or torch.bfloat16, got torch.float64"),
+        "bias int32": ((x, w, f32(16).int(), 2), RuntimeError, "e_score_correction_bias must be"),
+        "x float32": ((x.float(), w, None, 2), RuntimeError, "ll_bf16_router: hidden_states must be torch.bfloat16"),
+        "K mismatch": ((x, bf(16, 63), None, 2), RuntimeError, "ll_bf16_router: .* must have the same K"),
+        "w 3-D": ((x, bf(1, 16, 64), None, 2), RuntimeError, "ll_bf16_router: router_weight must be 2-D"),
     }
 
 
@@ -432,7 +432,7 @@ def test_forced_router_variant_on_cpu_is_the_reference():
     for r in variants.ROUTER_VARIANTS:
         out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, r.name)
         assert all(torch.equal(a, b) for a, b in zip(out, expected))
-    with pytest.raises(ValueError, match="unknown variant 'router_nope'; expected one of: router_m1"):
+    with pytest.raises(RuntimeError, match="unknown variant 'router_nope'; expected one of: router_m1"):
         kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, "router_nope")
 
 
@@ -487,13 +487,13 @@ def test_property_cuda_forced_rows(problem, row, renormalize):
 def test_forced_router_variant_that_cannot_serve_is_an_error():
     x, w, bias = make_case(4, 384, 7168, 8, 1, 1, device="cuda")
     small = next(r for r in variants.ROUTER_VARIANTS if r.n_max == 256 and r.m_lo <= 4 <= r.m_hi)
-    with pytest.raises(ValueError, match=f"variant {small.name} routes N <= 256 experts, got N = 384"):
+    with pytest.raises(RuntimeError, match=f"variant {small.name} routes N <= 256 experts, got N = 384"):
         kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, small.name)
     m1 = variants.ROUTER_VARIANTS[0]
-    with pytest.raises(ValueError, match=f"variant {m1.name} handles 1 <= M <= 1, got M = 4"):
+    with pytest.raises(RuntimeError, match=f"variant {m1.name} handles 1 <= M <= 1, got M = 4"):
         kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, m1.name)
     fits = next(r for r in variants.ROUTER_VARIANTS if r.automatic and r.n_min <= 384 <= r.n_max and r.m_lo <= 4 <= r.m_hi)
-    with pytest.raises(ValueError, match="picks top_k <= 32, got 33"):
+    with pytest.raises(RuntimeError, match="picks top_k <= 32, got 33"):
         kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 33, 1, 1, True, 1.0, fits.name)
     check_router(kimi_router_ops.ll_bf16_router(x, w, bias, 8), x, w, bias, 8, 1, 1, True, 1.0)
 

@@ -110,19 +110,26 @@ inline TensorArg matrix_arg(const Tensor& t) {
   return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
 }
 
-inline bool vec8_aligned(const Tensor& t) {
-  return t.size(1) % 8 == 0 && row_stride(t) % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+// A unit-stride vector [n] as the [1, n] row an exported kernel takes.
+inline TensorArg row_arg(const Tensor& v) {
+  return {v.data_ptr(), {1, int32_t(v.size(0))}, {v.size(0)}};
 }
+
+// Whether an argument allows the kernels' 16-byte loads.
+inline bool vec8_aligned(const TensorArg& a) {
+  return a.shapes[1] % 8 == 0 && a.strides[0] % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(a.data) % 16 == 0;
+}
+inline bool vec8_aligned(const Tensor& t) { return vec8_aligned(matrix_arg(t)); }
 
 // Unit stride along K is the kernels' one layout requirement; other layouts are copied once.
 inline Tensor unit_inner_stride(const Tensor& t) {
   return (t.stride(1) == 1 || t.size(1) == 1) ? t : torch::stable::contiguous(t);
 }
 
-// A [1, N] row with unit stride of a [N] vector.
-inline Tensor as_row(const Tensor& v) {
-  return torch::stable::view(torch::stable::contiguous(v), {1, v.size(0)});
+// A vector with unit stride: itself, without a call into torch, when it has one already.
+inline Tensor unit_stride_vector(const Tensor& v) {
+  return (v.stride(0) == 1 || v.size(0) == 1) ? v : torch::stable::contiguous(v);
 }
 
 // Makes `t`'s device current for the calls of a scope.

@@ -60,11 +60,11 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in, Sca
   if (row == nullptr) {
     row = choose_kernel(M, N, K, sm, vec8).row;
   } else {
-    KIMI_CHECK_VALUE(M <= row->max_m, "ll_bf16_gemm_with_variant: variant ", row->name,
+    KIMI_CHECK(M <= row->max_m, "ll_bf16_gemm_with_variant: variant ", row->name,
                      " handles M <= ", row->max_m, ", got M = ", M);
     KIMI_CHECK(kernels_support(sm, N, K), "ll_bf16_gemm_with_variant: no kernels for sm_", sm,
                " or for N=", N, " K=", K);
-    KIMI_CHECK_VALUE(vec8 || row->scalar_loads, "ll_bf16_gemm_with_variant: variant ", row->name,
+    KIMI_CHECK(vec8 || row->scalar_loads, "ll_bf16_gemm_with_variant: variant ", row->name,
                      " needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned data; got K = ",
                      K);
   }

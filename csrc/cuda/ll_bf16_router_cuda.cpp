@@ -43,7 +43,7 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const RouterRow* forced, const T
   if (row != nullptr) {
     const std::string misfit =
         router_row_misfit(*forced, M, N, K, top_k, n_group, topk_group, sm, vec8);
-    KIMI_CHECK_VALUE(misfit.empty(), "ll_bf16_router_with_variant: variant ", forced->name, " ",
+    KIMI_CHECK(misfit.empty(), "ll_bf16_router_with_variant: variant ", forced->name, " ",
                      misfit);
   } else if (M > 0) {
     row = choose_router(M, N, K, top_k, n_group, topk_group, sm, vec8);
@@ -61,7 +61,7 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const RouterRow* forced, const T
   Tensor ids = empty_on(x, {M, top_k}, kInt);
   // The bias as a [1, N] row with unit stride; without one, the fp32 kernel runs with
   // has_bias = 0 and never reads the (stand-in) pointer.
-  const Tensor bias = bias_in.has_value() ? as_row(*bias_in) : logits;
+  const Tensor bias = bias_in.has_value() ? unit_stride_vector(*bias_in) : logits;
   const CompiledRouterKernel& kernel = find_router_kernel(*row, bias.scalar_type(), sm);
   ensure_loaded(kCompiledRouterKernels, device);
   const cudaStream_t stream = current_stream(device);

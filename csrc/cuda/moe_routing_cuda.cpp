@@ -47,12 +47,10 @@ std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits_in, const Opt
   if (M == 0) {
     return {weights, ids};
   }
-  const Tensor bias_row = bias_in.has_value() ? as_row(*bias_in) : weights;  // alive until launch
-  const TensorArg bias = bias_in.has_value()
-                             ? matrix_arg(bias_row)
-                             : TensorArg{weights.data_ptr(), {1, int32_t(N)}, {N}};  // a stand-in
+  const Tensor bias = bias_in.has_value() ? unit_stride_vector(*bias_in) : weights;  // a stand-in
   ensure_loaded(kCompiledRoutingKernels, device);
-  RoutingArgs args{matrix_arg(logits), bias, matrix_arg(weights), matrix_arg(ids),
+  RoutingArgs args{matrix_arg(logits), TensorArg{bias.data_ptr(), {1, int32_t(N)}, {N}},
+                   matrix_arg(weights), matrix_arg(ids),
                    int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
                    bias_in.has_value() ? 1 : 0, static_cast<float>(routed_scaling_factor)};
   const int32_t err = kernel->launch(&args, current_stream(device));

@@ -27,8 +27,8 @@ bool launch_norm(const Tensor& x_in, const Tensor* residual_in, const Tensor& we
   const int sm = device_sm(device);
   const Tensor x = unit_inner_stride(x_in);
   const Tensor residual = residual_in != nullptr ? unit_inner_stride(*residual_in) : x;
-  const Tensor weight = as_row(weight_in);
-  const bool vec8 = vec8_aligned(x) && vec8_aligned(residual) && vec8_aligned(weight) &&
+  const Tensor weight = unit_stride_vector(weight_in);
+  const bool vec8 = vec8_aligned(x) && vec8_aligned(residual) && vec8_aligned(row_arg(weight)) &&
                     vec8_aligned(out) && vec8_aligned(residual_out);
   const CompiledNormKernel* kernel = find_norm_kernel(residual_in != nullptr, vec8 ? 8 : 1, sm);
   // One CTA per row, and int32 sizes: more rows than a grid holds go to the reference.
@@ -39,7 +39,7 @@ bool launch_norm(const Tensor& x_in, const Tensor* residual_in, const Tensor& we
     return true;
   }
   ensure_loaded(kCompiledNormKernels, device);
-  NormArgs args{matrix_arg(x), matrix_arg(residual), matrix_arg(weight), matrix_arg(out),
+  NormArgs args{matrix_arg(x), matrix_arg(residual), row_arg(weight), matrix_arg(out),
                 matrix_arg(residual_out), static_cast<float>(eps)};
   const int32_t err = kernel->launch(&args, current_stream(device));
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
