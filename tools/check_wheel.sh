@@ -20,35 +20,20 @@ python3 -m pip wheel --no-build-isolation --no-deps -w dist . >/tmp/kimi-wheel.l
 wheel=$(ls "$repo"/dist/kimi_router_ops-*.whl)
 echo "built $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
 
-# torch's CUDA 13 libraries (gigabytes of nvidia packages) are the same files for every cu13
-# torch: the venvs link the building environment's copy instead of installing their own. A
-# torch built for CUDA 12 (2.10) installs its own. Triton is left out (CPU tests).
-nvidia=$(python3 -c 'import pathlib, torch; print(pathlib.Path(torch.__file__).parent.parent / "nvidia")')
+# The venvs are made by uv: it installs a torch with its gigabytes of CUDA libraries in
+# seconds, linking files that two torch releases share from one cache, and it reads no pip
+# configuration (this machine's caps torch below the newest release).
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT  # a venv with torch is gigabytes: never leave one behind
+python3 -m venv "$scratch/uv"
+"$scratch/uv/bin/pip" install -q uv
+uv=$scratch/uv/bin/uv
+export UV_CACHE_DIR=$scratch/uv-cache UV_NATIVE_TLS=1
 for version in "${versions[@]}"; do
   start=$SECONDS
   venv=$scratch/torch-$version
-  python3 -m venv "$venv"
-  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  # The machine's pip configuration caps torch below the newest release; lift it here only.
-  export PIP_CONSTRAINT=/dev/null
-  # --no-compile: byte-compiling torch's thousands of modules at install is most of its time.
-  "$venv/bin/pip" install -q --no-compile --no-deps "torch==$version"
-  requirements=$("$venv/bin/python" - <<'PY'
-import importlib.metadata as metadata
-import re
-
-reqs = [r.split(";")[0].strip() for r in metadata.requires("torch") if "extra ==" not in r]
-cuda12 = any("cu12" in r for r in reqs)
-print(" ".join(r for r in reqs if not r.startswith("triton")
-               and (cuda12 or not re.match(r"(nvidia-|cuda-)", r))))
-PY
-)
-  # shellcheck disable=SC2086  # one word per requirement
-  "$venv/bin/pip" install -q --no-compile $requirements pytest hypothesis numpy "$wheel"
-  [ -e "$site/nvidia" ] || ln -s "$nvidia" "$site/nvidia"
-  unset PIP_CONSTRAINT
+  "$uv" venv -q --python "$(command -v python3)" "$venv"
+  "$uv" pip install -q --python "$venv/bin/python" "torch==$version" pytest hypothesis numpy "$wheel"
   (cd "$venv" && "$venv/bin/python" - <<'PY'
 import importlib.util
 
