@@ -51,12 +51,12 @@ Tensor empty_on(const Tensor& like, std::initializer_list<int64_t> sizes, Scalar
     stride *= std::max<int64_t>(shape[i], 1);
   }
   int32_t device_type = 0, device_index = 0;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
+  KIMI_SHIM_CHECK(aoti_torch_get_device_type(like.get(), &device_type));
+  KIMI_SHIM_CHECK(aoti_torch_get_device_index(like.get(), &device_index));
   const int32_t shim_dtype =
       torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype));
   AtenTensorHandle out = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+  KIMI_SHIM_CHECK(aoti_torch_empty_strided(
       int64_t(shape.size()), shape.data(), strides.data(), shim_dtype, device_type, device_index,
       &out));
   return Tensor(out);

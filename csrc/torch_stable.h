@@ -60,6 +60,15 @@ std::string message(const Args&... args) {
     }                                                               \
   } while (false)
 
+// A call of torch's C shim that must succeed (the shim reports a failure by its return code;
+// torch 2.10's headers and later ones name their own macro for this differently).
+#define KIMI_SHIM_CHECK(call)                                                  \
+  do {                                                                         \
+    if ((call) != AOTI_TORCH_SUCCESS) {                                        \
+      throw std::runtime_error("kimi_router_ops: torch call failed: " #call); \
+    }                                                                          \
+  } while (false)
+
 namespace kimi {
 
 // An uninitialized contiguous tensor on the device of `like` (the C shim's allocation: no
@@ -88,7 +97,7 @@ template <size_t kReturns = 1, typename... Args>
 auto call_op(const char* name, const char* overload, const Args&... args) {
   std::array<StableIValue, std::max(sizeof...(Args), kReturns)> stack{
       torch::stable::detail::from(args)...};
-  STABLE_TORCH_ERROR_CODE_CHECK(
+  KIMI_SHIM_CHECK(
       torch_call_dispatcher(name, overload, stack.data(), TORCH_ABI_VERSION));
   return stack;
 }

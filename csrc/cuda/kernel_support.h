@@ -44,7 +44,7 @@ inline int device_sm(int device) {
 // torch's current stream on `device`.
 inline cudaStream_t current_stream(int device) {
   void* stream = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
+  KIMI_SHIM_CHECK(aoti_torch_get_current_cuda_stream(device, &stream));
   return static_cast<cudaStream_t>(stream);
 }
 
