@@ -132,7 +132,7 @@ inline Tensor unit_stride_vector(const Tensor& v) {
   return (v.stride(0) == 1 || v.size(0) == 1) ? v : torch::stable::contiguous(v);
 }
 
-// Makes `t`'s device current for the calls of a scope.
+// Makes a device current for the calls of a scope (and restores the previous one).
 using DeviceGuard = torch::stable::accelerator::DeviceGuard;
 
 }  // namespace kimi
