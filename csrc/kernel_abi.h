@@ -34,7 +34,7 @@ struct CompiledKernel {
 // are rank-2 as well ([1, N], [M, top_k], [M, top_k], [M, N]).
 struct RouterArgs {
   TensorArg x, w, bias, logits, weights, ids, handoff;
-  int32_t top_k, n_group, topk_group, renormalize, has_bias;
+  int32_t top_k, n_group, topk_group, renormalize, has_bias, softmax;
   float scaling;
 };
 
@@ -54,7 +54,7 @@ struct CompiledRouterKernel {
 // and ids [M, top_k].
 struct RoutingArgs {
   TensorArg logits, bias, weights, ids;
-  int32_t top_k, n_group, topk_group, renormalize, has_bias;
+  int32_t top_k, n_group, topk_group, renormalize, has_bias, softmax;
   float scaling;
 };
 

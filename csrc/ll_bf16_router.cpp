@@ -1,10 +1,13 @@
-// The MoE router op: logits, sigmoid scores, score-correction bias, grouped top-k and the
-// routing weights, as DeepseekV3TopkRouter.forward computes them in transformers 5.x:
+// The MoE router op: logits, sigmoid or softmax scores, score-correction bias, grouped
+// top-k and the routing weights, as DeepseekV3TopkRouter.forward (sigmoid) and
+// DeepseekV2TopkRouter.forward (softmax) compute them in transformers 5.x:
 //
 //   logits  = hidden_states · router_weightᵀ                      (fp32, the GEMM op)
-//   scores  = sigmoid(logits);  choice = scores + bias
+//   scores  = sigmoid(logits), or with scoring="softmax" softmax(logits) over the N experts
+//   choice  = scores + bias
 //   groups  = n_group equal slices of the experts; a group's score is the sum of its two
-//             best choice values; the topk_group best groups are kept, the rest masked out
+//             best choice values (softmax: its best one); the topk_group best groups are
+//             kept, the rest masked out
 //   ids     = the top_k best choice values among the kept experts, sorted by choice value,
 //             descending, ties to the lower expert id (groups likewise, to the lower group)
 //   weights = scores[ids], divided by (their sum + 1e-20) if renormalize, times
@@ -32,10 +35,10 @@ constexpr const char* kOp = "ll_bf16_router";
 }  // namespace
 
 void check_router_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
-                         int64_t top_k, int64_t n_group, int64_t topk_group) {
+                         int64_t top_k, int64_t n_group, int64_t topk_group, Scoring scoring) {
   check_inputs(x, w, kFloat, kOp);
   check_routing_args(kOp, w.size(0), w.device(), "router_weight", bias, top_k, n_group,
-                     topk_group);
+                     topk_group, scoring);
 }
 
 std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_t K,
@@ -88,31 +91,34 @@ std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cpu(const Tensor& x, const Ten
                                                       const OptionalTensor& bias, int64_t top_k,
                                                       int64_t n_group, int64_t topk_group,
                                                       bool renormalize,
-                                                      double routed_scaling_factor) {
-  check_router_inputs(x, w, bias, top_k, n_group, topk_group);
+                                                      double routed_scaling_factor,
+                                                      const std::string& scoring) {
+  const Scoring how = parse_scoring(kOp, scoring);
+  check_router_inputs(x, w, bias, top_k, n_group, topk_group, how);
   const Tensor logits = gemm_reference(x, w, kFloat);
   auto [weights, ids] = routing_reference(logits, bias, top_k, n_group, topk_group, renormalize,
-                                          routed_scaling_factor);
+                                          routed_scaling_factor, how);
   return {weights, ids, logits};
 }
 
 std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cpu(
     const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k, int64_t n_group,
     int64_t topk_group, bool renormalize, double routed_scaling_factor,
-    const std::string& variant) {
+    const std::string& variant, const std::string& scoring) {
   router_row_by_name(variant);
   return ll_bf16_router_cpu(x, w, bias, top_k, n_group, topk_group, renormalize,
-                            routed_scaling_factor);
+                            routed_scaling_factor, scoring);
 }
 
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
-                                   int64_t n_group, int64_t topk_group, int64_t sm, bool aligned) {
+                                   int64_t n_group, int64_t topk_group, int64_t sm, bool aligned,
+                                   const std::string& scoring) {
   KIMI_CHECK(M >= 0 && N >= 1 && K >= 1,
                    "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
                    " N=", N, " K=", K);
   // A problem the op rejects gets the op's error.
   check_routing_args(kOp, N, std::nullopt, "router_weight", std::nullopt, top_k, n_group,
-                     topk_group);
+                     topk_group, parse_scoring(kOp, scoring));
   const RouterRow* row =
       M == 0 ? nullptr
              : choose_router(M, N, K, top_k, n_group, topk_group, sm, aligned && K % 8 == 0);
@@ -129,18 +135,19 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
       "ll_bf16_router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
       "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
-      "float routed_scaling_factor=1.0) -> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\") "
+      "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
   // The same with a fused router row named (benchmarks, tests); the CPU runs the reference.
   m.def(
       "ll_bf16_router_with_variant(Tensor hidden_states, Tensor router_weight, "
       "Tensor? e_score_correction_bias, int top_k, int n_group, int topk_group, "
-      "bool renormalize, float routed_scaling_factor, str variant) "
+      "bool renormalize, float routed_scaling_factor, str variant, str scoring=\"sigmoid\") "
       "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
   // Which kernel the CUDA op runs for a problem: a fused router row, "gemm+moe_routing" or
   // "reference".
   m.def(
       "ll_bf16_router_variant(int M, int N, int K, int top_k, int n_group=1, int topk_group=1, "
-      "int sm=90, bool aligned=True) -> str");
+      "int sm=90, bool aligned=True, str scoring=\"sigmoid\") -> str");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {

@@ -3,6 +3,7 @@
 #include <string>
 #include <tuple>
 
+#include "moe_routing.h"
 #include "torch_stable.h"
 #include "variant_row.h"
 
@@ -10,7 +11,7 @@ namespace kimi {
 
 // The router op's input contract (every implementation calls it first).
 void check_router_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
-                         int64_t top_k, int64_t n_group, int64_t topk_group);
+                         int64_t top_k, int64_t n_group, int64_t topk_group, Scoring scoring);
 
 // The fused router row for a problem on a GPU of compute capability sm, or nullptr (the
 // GEMM op's kernel, then the routing op's).

@@ -1,8 +1,10 @@
 // The routing op: the routing of ll_bf16_router on logits a caller already has.
 //
-//   scores  = sigmoid(logits);  choice = scores + bias
+//   scores  = sigmoid(logits), or with scoring="softmax" softmax(logits) over the N experts
+//   choice  = scores + bias
 //   groups  = n_group equal slices of the experts; a group's score is the sum of its two
-//             best choice values; the topk_group best groups are kept, the rest masked out
+//             best choice values (softmax: its best one); the topk_group best groups are
+//             kept, the rest masked out
 //   ids     = the top_k best choice values among the kept experts, sorted by choice value,
 //             descending, ties to the lower expert id (groups likewise, to the lower group)
 //   weights = scores[ids], divided by (their sum + 1e-20) if renormalize, times
@@ -19,17 +21,24 @@
 
 namespace kimi {
 
+Scoring parse_scoring(const char* op, const std::string& scoring) {
+  KIMI_CHECK(scoring == "sigmoid" || scoring == "softmax", op,
+             ": scoring must be 'sigmoid' or 'softmax', got '", scoring, "'");
+  return scoring == "softmax" ? Scoring::kSoftmax : Scoring::kSigmoid;
+}
+
 void check_routing_args(const char* op, int64_t N, const std::optional<Device>& device,
                         const char* device_of, const OptionalTensor& bias, int64_t top_k,
-                        int64_t n_group, int64_t topk_group) {
+                        int64_t n_group, int64_t topk_group, Scoring scoring) {
   KIMI_CHECK(n_group >= 1 && N % n_group == 0, op,
                    ": n_group must divide the number of experts, got n_group=", n_group,
                    " and N=", N);
   KIMI_CHECK(topk_group >= 1 && topk_group <= n_group, op,
                    ": topk_group must be in [1, n_group=", n_group, "], got ", topk_group);
-  KIMI_CHECK(n_group == 1 || N / n_group >= 2, op,
-                   ": with n_group > 1 each group needs at least 2 experts (a group's score is "
-                   "the sum of its two best), got N=", N, " and n_group=", n_group);
+  KIMI_CHECK(n_group == 1 || N / n_group >= 2 || scoring == Scoring::kSoftmax, op,
+                   ": with n_group > 1 and sigmoid scoring each group needs at least 2 experts "
+                   "(a group's score is the sum of its two best), got N=", N, " and n_group=",
+                   n_group);
   const int64_t kept = topk_group * (N / n_group);
   KIMI_CHECK(top_k >= 1 && top_k <= kept, op,
                    ": top_k must be in [1, experts in the kept groups=", kept, "], got ", top_k);
@@ -58,7 +67,7 @@ constexpr const char* kOp = "moe_routing";
 }  // namespace
 
 void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias, int64_t top_k,
-                              int64_t n_group, int64_t topk_group) {
+                              int64_t n_group, int64_t topk_group, Scoring scoring) {
   KIMI_CHECK(logits.scalar_type() == kFloat || logits.scalar_type() == kBFloat16, kOp,
                    ": logits must be torch.float32 or torch.bfloat16, got ",
                    dtype_name(logits.scalar_type()));
@@ -67,22 +76,24 @@ void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias, 
   KIMI_CHECK(logits.size(1) >= 1, kOp, ": logits must have N >= 1 experts, got shape ",
                    logits.sizes());
   check_routing_args(kOp, logits.size(1), logits.device(), "logits", bias, top_k, n_group,
-                     topk_group);
+                     topk_group, scoring);
 }
 
 std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits_in, const OptionalTensor& bias,
                                              int64_t top_k, int64_t n_group, int64_t topk_group,
-                                             bool renormalize, double routed_scaling_factor) {
+                                             bool renormalize, double routed_scaling_factor,
+                                             Scoring scoring) {
   const NoGradGuard no_grad;
   const Tensor logits = torch::stable::to(logits_in, kFloat);
   const int64_t M = logits.size(0), N = logits.size(1);
-  const Tensor scores = aten::sigmoid(logits);
+  const bool softmax = scoring == Scoring::kSoftmax;
+  const Tensor scores = softmax ? aten::softmax_last(logits) : aten::sigmoid(logits);
   Tensor choice = bias.has_value() ? aten::add(scores, torch::stable::to(*bias, kFloat)) : scores;
   if (topk_group < n_group) {
     const Tensor grouped = torch::stable::view(choice, {M, n_group, N / n_group});
-    // A group's score: the sum of its two largest choice values.
-    const Tensor best_two = aten::gather_last(grouped, aten::top_indices(grouped, 2));
-    const Tensor group_scores = torch::stable::view(aten::sum_last(best_two), {M, n_group});
+    // A group's score: the sum of its two largest choice values (softmax: its largest).
+    const Tensor best = aten::gather_last(grouped, aten::top_indices(grouped, softmax ? 1 : 2));
+    const Tensor group_scores = torch::stable::view(aten::sum_last(best), {M, n_group});
     const Tensor kept = aten::mask_of(group_scores, aten::top_indices(group_scores, topk_group));
     const Tensor dropped = torch::stable::unsqueeze(aten::logical_not(kept), -1);
     choice = torch::stable::view(
@@ -100,10 +111,12 @@ namespace {
 
 std::tuple<Tensor, Tensor> moe_routing_cpu(const Tensor& logits, const OptionalTensor& bias,
                                            int64_t top_k, int64_t n_group, int64_t topk_group,
-                                           bool renormalize, double routed_scaling_factor) {
-  check_moe_routing_inputs(logits, bias, top_k, n_group, topk_group);
+                                           bool renormalize, double routed_scaling_factor,
+                                           const std::string& scoring) {
+  const Scoring how = parse_scoring(kOp, scoring);
+  check_moe_routing_inputs(logits, bias, top_k, n_group, topk_group, how);
   return routing_reference(logits, bias, top_k, n_group, topk_group, renormalize,
-                           routed_scaling_factor);
+                           routed_scaling_factor, how);
 }
 
 }  // namespace
@@ -111,8 +124,8 @@ std::tuple<Tensor, Tensor> moe_routing_cpu(const Tensor& logits, const OptionalT
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
       "moe_routing(Tensor logits, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
-      "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0) "
-      "-> (Tensor topk_weights, Tensor topk_ids)");
+      "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
+      "str scoring=\"sigmoid\") -> (Tensor topk_weights, Tensor topk_ids)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("moe_routing", TORCH_BOX(&moe_routing_cpu)); }

@@ -82,6 +82,10 @@ Tensor div(const Tensor& a, const Tensor& b) { return call_tensor_op("aten::div"
 
 Tensor sigmoid(const Tensor& a) { return call_tensor_op("aten::sigmoid", "", a); }
 
+Tensor softmax_last(const Tensor& a) {
+  return call_tensor_op("aten::_softmax", "", a, int64_t(-1), false);
+}
+
 Tensor rsqrt(const Tensor& a) { return call_tensor_op("aten::rsqrt", "", a); }
 
 Tensor logical_not(const Tensor& a) { return call_tensor_op("aten::logical_not", "", a); }

@@ -117,6 +117,7 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 Tensor sigmoid(const Tensor& a);
+Tensor softmax_last(const Tensor& a);  // over the last dimension
 Tensor rsqrt(const Tensor& a);
 Tensor logical_not(const Tensor& a);
 Tensor mean_last(const Tensor& a);  // over the last dimension, kept

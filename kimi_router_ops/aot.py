@@ -65,7 +65,7 @@ def fake_router_arguments(bias_dtype: str):
     bias = fake(bias_type, (cute.sym_int32(symbol="ONE"), n))
     weights, ids = fake(cutlass.Float32, (m, top_k)), fake(cutlass.Int32, (m, top_k))
     handoff = fake(cutlass.Int32, (m, n))
-    scalars = [cutlass.Int32(1)] * 5 + [cutlass.Float32(1.0)]
+    scalars = [cutlass.Int32(1)] * 6 + [cutlass.Float32(1.0)]  # top_k .. softmax, scaling
     return [x, w, bias, logits, weights, ids, handoff, *scalars]
 
 
@@ -84,7 +84,7 @@ def fake_routing_arguments(logits_dtype: str, bias_dtype: str):
     logits = fake(dtype[logits_dtype], (m, n))
     bias = fake(dtype[bias_dtype], (cute.sym_int32(symbol="ONE"), n))
     weights, ids = fake(cutlass.Float32, (m, top_k)), fake(cutlass.Int32, (m, top_k))
-    scalars = [cutlass.Int32(1)] * 5 + [cutlass.Float32(1.0)]
+    scalars = [cutlass.Int32(1)] * 6 + [cutlass.Float32(1.0)]  # top_k .. softmax, scaling
     return [logits, bias, weights, ids, *scalars]
 
 
@@ -206,7 +206,7 @@ def kernel_table_header(kernels, router_kernels, routing_kernels, norm_kernels) 
             f"inline int32_t launch_{s}(RouterArgs* a, cudaStream_t stream) {{\n"
             f"  static_assert(sizeof({s}_Tensor_bias_t) == sizeof(TensorArg), \"ABI mismatch\");\n"
             f"  return cute_dsl_{s}_wrapper(nullptr, {casts},\n"
-            f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->scaling, stream);\n"
+            f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->softmax, a->scaling, stream);\n"
             f"}}"
         )
         dtype = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}[bias_dtype]
@@ -225,7 +225,7 @@ def kernel_table_header(kernels, router_kernels, routing_kernels, norm_kernels) 
             f"inline int32_t launch_{s}(RoutingArgs* a, cudaStream_t stream) {{\n"
             f"  static_assert(sizeof({s}_Tensor_logits_t) == sizeof(TensorArg), \"ABI mismatch\");\n"
             f"  return cute_dsl_{s}_wrapper(nullptr, {casts},\n"
-            f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->scaling, stream);\n"
+            f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->softmax, a->scaling, stream);\n"
             f"}}"
         )
         dtype = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}

@@ -23,17 +23,22 @@ from kimi_router_ops import variants
 from kimi_router_ops.bench import empty_node_us, git_commit, parse_bench_args, save_report
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
-K = 7168
-# name: (N experts, top_k, n_group, topk_group, routed_scaling_factor)
+# name: (K hidden, N experts, top_k, n_group, topk_group, routed_scaling_factor, scoring)
 CONFIGS = {
-    "deepseek-v3": (256, 8, 8, 4, 2.5),
-    "kimi-k2": (384, 8, 1, 1, 2.827),
-    "kimi-k3": (896, 16, 1, 1, 1.0),
+    "deepseek-v3": (7168, 256, 8, 8, 4, 2.5, "sigmoid"),
+    "kimi-k2": (7168, 384, 8, 1, 1, 2.827, "sigmoid"),
+    "kimi-k3": (7168, 896, 16, 1, 1, 1.0, "sigmoid"),
+    "qwen3-235b": (4096, 128, 8, 1, 1, 1.0, "softmax"),
+    "qwen3-30b": (2048, 128, 8, 1, 1, 1.0, "softmax"),
 }
 
 
-def torch_routing(logits, bias, top_k, n_group, topk_group, scale):
-    """DeepseekV3TopkRouter's routing after the logits, as torch ops (fp32)."""
+def torch_routing(logits, bias, top_k, n_group, topk_group, scale, scoring="sigmoid"):
+    """The routing after the logits as torch ops (fp32): DeepseekV3TopkRouter's, or with
+    softmax Qwen3MoeTopKRouter's (softmax, top-k, renormalized; no bias, no groups)."""
+    if scoring == "softmax":
+        weights, ids = logits.softmax(-1).topk(top_k, dim=-1)
+        return weights / weights.sum(-1, keepdim=True) * scale, ids
     m, n = logits.shape
     scores = logits.sigmoid()
     choice = scores + bias
@@ -53,30 +58,33 @@ def compiled_gemm_then_torch(config):
     """The GEMM op then the torch routing under torch.compile, one graph per config with a
     dynamic M (compiled once, as a model would be)."""
     if config not in _COMPILED:
-        n, top_k, n_group, topk_group, scale = CONFIGS[config]
+        _, n, top_k, n_group, topk_group, scale, scoring = CONFIGS[config]
 
         def gemm_then_torch(x, w, bias):
-            return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale)
+            return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale,
+                                 scoring)
 
         _COMPILED[config] = torch.compile(gemm_then_torch, fullgraph=True, dynamic=True)
     return _COMPILED[config]
 
 
 def implementations(config, m, gemm_variants=()):
-    n, top_k, n_group, topk_group, scale = CONFIGS[config]
+    _, n, top_k, n_group, topk_group, scale, scoring = CONFIGS[config]
     route = (top_k, n_group, topk_group, True, scale)
 
     def gemm_then_torch(x, w, bias):
-        return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale)
+        return torch_routing(kimi_router_ops.ll_bf16_gemm(x, w), bias, top_k, n_group, topk_group, scale,
+                             scoring)
 
     compiled = compiled_gemm_then_torch(config)
     # The routing alone on logits that stay warm in L2 (one tensor for every call).
     logits = torch.randn(m, n, device="cuda")
     impls = {
-        "ll_bf16_router": lambda x, w, b: kimi_router_ops.ll_bf16_router(x, w, b, *route),
+        "ll_bf16_router": lambda x, w, b: kimi_router_ops.ll_bf16_router(x, w, b, *route, scoring),
         "ll_bf16_gemm alone": lambda x, w, b: kimi_router_ops.ll_bf16_gemm(x, w),
-        "gemm + moe_routing": lambda x, w, b: kimi_router_ops.moe_routing(kimi_router_ops.ll_bf16_gemm(x, w), b, *route),
-        "moe_routing alone": lambda x, w, b: kimi_router_ops.moe_routing(logits, b, *route),
+        "gemm + moe_routing": lambda x, w, b: kimi_router_ops.moe_routing(
+            kimi_router_ops.ll_bf16_gemm(x, w), b, *route, scoring),
+        "moe_routing alone": lambda x, w, b: kimi_router_ops.moe_routing(logits, b, *route, scoring),
         "gemm + torch routing, eager": gemm_then_torch,
         "gemm + torch routing, compiled": compiled,
     }
@@ -84,7 +92,7 @@ def implementations(config, m, gemm_variants=()):
     for r in variants.ROUTER_VARIANTS:
         if not r.automatic and r.m_lo <= m <= r.m_hi and r.n_min <= n <= r.n_max:
             impls[f"forced {r.name}"] = (
-                lambda x, w, b, name=r.name: kimi_router_ops.ll_bf16_router_with_variant(x, w, b, *route, name)
+                lambda x, w, b, name=r.name: kimi_router_ops.ll_bf16_router_with_variant(x, w, b, *route, name, scoring)
             )
     # GEMM rows named on the command line, alone: what the fused rows' GEMM kernels cost.
     for name in gemm_variants:
@@ -101,8 +109,8 @@ def run(configs, m_list, replays, rounds, gemm_variants=()):
     tiny = torch.zeros(1, device="cuda")  # a plain kernel before each call: no overlap
     results = []
     for config, m in tqdm([(c, m) for c in configs for m in m_list], desc="router", unit="case"):
-        n = CONFIGS[config][0]
-        x = torch.randn(m, K, device="cuda").to(torch.bfloat16)
+        k, n, *_, scoring = CONFIGS[config]
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         impls = implementations(config, m, gemm_variants)
         samples = {impl: ([], []) for impl in impls}
         placements = []  # kept to the end of the case, so no round reuses another's memory
@@ -112,10 +120,11 @@ def run(configs, m_list, replays, rounds, gemm_variants=()):
         # (docs/kernel-notes.md), so a cell is the median over placements, and a drift
         # in the GPU's state during the case reaches every implementation alike.
         for _ in range(rounds):
-            weights = weight_copies(n, K, 3 * l2_bytes())
+            weights = weight_copies(n, k, 3 * l2_bytes())
             # One bias per weight copy, as a model has one per layer: cold in L2 like the
-            # weights.
-            biases = [(torch.randn(n, device="cuda") * 0.05).float() for _ in weights]
+            # weights. (Softmax routers have none.)
+            biases = [(torch.randn(n, device="cuda") * 0.05).float() if scoring == "sigmoid" else None
+                      for _ in weights]
             calls = list(zip(weights, biases))
             placements.append(calls)
             for impl, fn in impls.items():

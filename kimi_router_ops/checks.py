@@ -23,25 +23,27 @@ def dot_error(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
 NEAR = 1e-6  # two candidates closer than this at a cut may be chosen either way
 
 
-def reference_router(x, w, bias, top_k, n_group, topk_group, renormalize, scale):
-    """DeepseekV3TopkRouter.forward (transformers 5.x) in float64: weights, ids, logits, and
-    the masked choice values and group scores (for judging near-ties)."""
+def reference_router(x, w, bias, top_k, n_group, topk_group, renormalize, scale, scoring="sigmoid"):
+    """DeepseekV3TopkRouter.forward (transformers 5.x; with scoring="softmax",
+    DeepseekV2TopkRouter's softmax and group-limited greedy) in float64: weights, ids,
+    logits, and the masked choice values and group scores (for judging near-ties)."""
     logits = x.double().cpu() @ w.double().cpu().t()
     weights, ids, masked, group_scores = reference_routing(
-        logits, bias, top_k, n_group, topk_group, renormalize, scale
+        logits, bias, top_k, n_group, topk_group, renormalize, scale, scoring
     )
     return weights, ids, logits, masked, group_scores
 
 
-def reference_routing(logits, bias, top_k, n_group, topk_group, renormalize, scale):
+def reference_routing(logits, bias, top_k, n_group, topk_group, renormalize, scale, scoring="sigmoid"):
     """The routing after the logits, in float64: weights, ids, and the masked choice values
     and group scores."""
     logits = logits.double().cpu()
-    scores = logits.sigmoid()
+    softmax = scoring == "softmax"
+    scores = logits.softmax(-1) if softmax else logits.sigmoid()
     choice = scores + (bias.double().cpu() if bias is not None else 0.0)
     m, n = logits.shape
     grouped = choice.view(m, n_group, n // n_group)
-    group_scores = grouped.topk(min(2, n // n_group), dim=-1)[0].sum(-1)
+    group_scores = grouped.topk(1 if softmax else min(2, n // n_group), dim=-1)[0].sum(-1)
     group_idx = group_scores.topk(topk_group, dim=-1)[1]
     kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
     masked = grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view(m, n)

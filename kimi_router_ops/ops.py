@@ -61,6 +61,7 @@ def chosen_variant(
     out_dtype: torch.dtype = torch.float32,
     sm: int = 90,
     aligned: bool = True,
+    scoring: str = "sigmoid",
 ) -> str:
     """What the CUDA dispatch runs for a problem on a GPU of compute capability `sm`
     (major * 10 + minor): "<variant>:vec8", "<variant>:vec1", "cublas" or "empty"."""
@@ -133,20 +134,23 @@ def ll_bf16_router(
     topk_group: int = 1,
     renormalize: bool = True,
     routed_scaling_factor: float = 1.0,
+    scoring: str = "sigmoid",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The whole MoE router of DeepSeek-V3-family models (DeepseekV3TopkRouter.forward in
-    transformers 5.x): logits = hidden_states @ router_weight^T, sigmoid scores, the
-    score-correction bias for the choice only, grouped top-k, weights gathered from the
-    unbiased scores, renormalized and scaled.
+    """The whole MoE router in one op: logits = hidden_states @ router_weight^T (fp32),
+    scores = sigmoid(logits) (DeepSeek-V3 family: DeepseekV3TopkRouter.forward in
+    transformers 5.x) or, with scoring="softmax", softmax(logits) over the N experts
+    (DeepSeek-V2, Qwen-MoE, Mixtral families), the score-correction bias for the choice
+    only, grouped top-k, weights gathered from the unbiased scores, renormalized and scaled.
 
     Returns (topk_weights fp32 [M, top_k], topk_ids int32 [M, top_k], logits fp32 [M, N]).
     Ids are sorted by biased score, descending; equal scores go to the lower expert id (and
-    equal group scores to the lower group). `e_score_correction_bias` is fp32 or bf16 [N],
-    or None for no correction.
+    equal group scores to the lower group). A group's score is the sum of its two best
+    biased scores with sigmoid, its best one with softmax (DeepSeek-V2's group-limited
+    greedy). `e_score_correction_bias` is fp32 or bf16 [N], or None for no correction.
     """
     return torch.ops.kimi.ll_bf16_router.default(
         hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
-        renormalize, routed_scaling_factor,
+        renormalize, routed_scaling_factor, scoring,
     )
 
 
@@ -160,6 +164,7 @@ def ll_bf16_router_with_variant(
     renormalize: bool,
     routed_scaling_factor: float,
     variant: str,
+    scoring: str = "sigmoid",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """`ll_bf16_router` with the fused kernel named: a row of
     `kimi_router_ops.variants.ROUTER_VARIANTS`, which must serve the problem on this GPU
@@ -167,7 +172,7 @@ def ll_bf16_router_with_variant(
     benchmarks and tests."""
     return torch.ops.kimi.ll_bf16_router_with_variant.default(
         hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
-        renormalize, routed_scaling_factor, variant,
+        renormalize, routed_scaling_factor, variant, scoring,
     )
 
 
@@ -180,16 +185,28 @@ def chosen_router_variant(
     topk_group: int = 1,
     sm: int = 90,
     aligned: bool = True,
+    scoring: str = "sigmoid",
 ) -> str:
     """What the CUDA router op runs for a problem on a GPU of compute capability `sm`: the
     name of a fused router row (one launch), "gemm+moe_routing" (the GEMM op, then the
     routing op's kernel) or "reference" (the GEMM op, then the routing as torch ops). A
     problem the op rejects raises the op's error."""
-    return torch.ops.kimi.ll_bf16_router_variant.default(M, N, K, top_k, n_group, topk_group, sm, aligned)
+    return torch.ops.kimi.ll_bf16_router_variant.default(
+        M, N, K, top_k, n_group, topk_group, sm, aligned, scoring
+    )
 
 
-def _check_routing_args(op, n, device, device_of, bias, top_k, n_group, topk_group) -> None:
-    """csrc's check_routing_args, for the fake kernels."""
+def _check_scoring(op, scoring) -> None:
+    """csrc's parse_scoring, for the fake kernels."""
+    torch._check(
+        scoring in ("sigmoid", "softmax"),
+        lambda: f"{op}: scoring must be 'sigmoid' or 'softmax', got '{scoring}'",
+    )
+
+
+def _check_routing_args(op, n, device, device_of, bias, top_k, n_group, topk_group, scoring) -> None:
+    """csrc's parse_scoring and check_routing_args, for the fake kernels."""
+    _check_scoring(op, scoring)
     torch._check(
         n_group >= 1 and n % n_group == 0,
         lambda: f"{op}: n_group must divide the number of experts, got n_group={n_group} and N={n}",
@@ -199,9 +216,9 @@ def _check_routing_args(op, n, device, device_of, bias, top_k, n_group, topk_gro
         lambda: f"{op}: topk_group must be in [1, n_group={n_group}], got {topk_group}",
     )
     torch._check(
-        n_group == 1 or n // n_group >= 2,
-        lambda: f"{op}: with n_group > 1 each group needs at least 2 experts (a group's score is "
-        f"the sum of its two best), got N={n} and n_group={n_group}",
+        n_group == 1 or n // n_group >= 2 or scoring == "softmax",
+        lambda: f"{op}: with n_group > 1 and sigmoid scoring each group needs at least 2 experts "
+        f"(a group's score is the sum of its two best), got N={n} and n_group={n_group}",
     )
     kept = topk_group * (n // n_group)
     torch._check(
@@ -225,19 +242,22 @@ def _check_routing_args(op, n, device, device_of, bias, top_k, n_group, topk_gro
         )
 
 
-def _check_router_inputs(x, w, bias, top_k, n_group, topk_group) -> None:
+def _check_router_inputs(x, w, bias, top_k, n_group, topk_group, scoring) -> None:
     """csrc's check_router_inputs, for the fake kernel."""
     op = "ll_bf16_router"
+    _check_scoring(op, scoring)
     _check_inputs(x, w, torch.float32, op)
-    _check_routing_args(op, w.shape[0], w.device, "router_weight", bias, top_k, n_group, topk_group)
+    _check_routing_args(op, w.shape[0], w.device, "router_weight", bias, top_k, n_group, topk_group,
+                        scoring)
 
 
 @torch.library.register_fake("kimi::ll_bf16_router")
 def _ll_bf16_router_fake(
     hidden_states, router_weight, e_score_correction_bias, top_k, n_group=1, topk_group=1,
-    renormalize=True, routed_scaling_factor=1.0,
+    renormalize=True, routed_scaling_factor=1.0, scoring="sigmoid",
 ):
-    _check_router_inputs(hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group)
+    _check_router_inputs(hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
+                         scoring)
     m, n = hidden_states.shape[0], router_weight.shape[0]
     return (
         hidden_states.new_empty((m, top_k), dtype=torch.float32),
@@ -254,10 +274,11 @@ def moe_routing(
     topk_group: int = 1,
     renormalize: bool = True,
     routed_scaling_factor: float = 1.0,
+    scoring: str = "sigmoid",
 ) -> tuple[Tensor, Tensor]:
     """The routing of `ll_bf16_router` on logits you already have (fp32 or bf16 [M, N]):
-    sigmoid scores, the score-correction bias for the choice only, grouped top-k, weights
-    from the unbiased scores, renormalized and scaled.
+    sigmoid or (scoring="softmax") softmax scores, the score-correction bias for the choice
+    only, grouped top-k, weights from the unbiased scores, renormalized and scaled.
 
     Returns (topk_weights fp32 [M, top_k], topk_ids int32 [M, top_k]), in the order and with
     the tie rule of `ll_bf16_router`; given that op's logits, its ids and weights bit for
@@ -265,16 +286,18 @@ def moe_routing(
     a token; elsewhere the routing as torch ops.
     """
     return torch.ops.kimi.moe_routing.default(
-        logits, e_score_correction_bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor
+        logits, e_score_correction_bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor,
+        scoring,
     )
 
 
 @torch.library.register_fake("kimi::moe_routing")
 def _moe_routing_fake(
     logits, e_score_correction_bias, top_k, n_group=1, topk_group=1, renormalize=True,
-    routed_scaling_factor=1.0,
+    routed_scaling_factor=1.0, scoring="sigmoid",
 ):
     op = "moe_routing"
+    _check_scoring(op, scoring)
     torch._check(
         logits.dtype in (torch.float32, torch.bfloat16),
         lambda: f"{op}: logits must be torch.float32 or torch.bfloat16, got {logits.dtype}",
@@ -286,7 +309,7 @@ def _moe_routing_fake(
         logits.shape[1] >= 1, lambda: f"{op}: logits must have N >= 1 experts, got shape {list(logits.shape)}"
     )
     _check_routing_args(op, logits.shape[1], logits.device, "logits", e_score_correction_bias, top_k,
-                        n_group, topk_group)
+                        n_group, topk_group, scoring)
     m = logits.shape[0]
     return (
         logits.new_empty((m, top_k), dtype=torch.float32),
@@ -358,11 +381,11 @@ def _fused_add_rms_norm_fake(x, residual, weight, eps):
 @torch.library.register_fake("kimi::ll_bf16_router_with_variant")
 def _ll_bf16_router_with_variant_fake(
     hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
-    renormalize, routed_scaling_factor, variant,
+    renormalize, routed_scaling_factor, variant, scoring="sigmoid",
 ):
     return _ll_bf16_router_fake(
         hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
-        renormalize, routed_scaling_factor,
+        renormalize, routed_scaling_factor, scoring,
     )
 
 

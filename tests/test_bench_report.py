@@ -50,12 +50,13 @@ def test_chain_markdown_signs_the_change_and_the_overlap():
 
 def test_router_bench_baseline_routes_like_the_op():
     """The benchmark's torch-ops routing computes what ll_bf16_router computes."""
-    for config, (n, top_k, n_group, topk_group, scale) in bench_router.CONFIGS.items():
+    for config, (_, n, top_k, n_group, topk_group, scale, scoring) in bench_router.CONFIGS.items():
         x = torch.randn(4, 512).to(torch.bfloat16)
         w = (torch.randn(n, 512) * 512 ** -0.5).to(torch.bfloat16)
-        bias = torch.randn(n) * 0.05
-        weights, ids, logits = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale)
-        ref_weights, ref_ids = bench_router.torch_routing(logits, bias, top_k, n_group, topk_group, scale)
+        bias = torch.randn(n) * 0.05 if scoring == "sigmoid" else None
+        weights, ids, logits = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, scale,
+                                                              scoring)
+        ref_weights, ref_ids = bench_router.torch_routing(logits, bias, top_k, n_group, topk_group, scale, scoring)
         for t in range(4):
             assert set(ids[t].tolist()) == set(ref_ids[t].tolist()), config
         torch.testing.assert_close(weights.sort(-1).values, ref_weights.sort(-1).values)

@@ -19,7 +19,7 @@ MODEL_CONFIGS = {
 }
 
 
-def check_routing(weights, ids, logits, bias, top_k, topk_group, reference):
+def check_routing(weights, ids, logits, bias, top_k, topk_group, reference, scoring="sigmoid"):
     """Routing outputs against the float64 `reference` (weights, ids, masked choice values,
     group scores): the same expert set per token unless a near-tie sits at a cut, sorted by
     the op's own choice values with ties to the lower id, weights within 1e-5."""
@@ -30,13 +30,14 @@ def check_routing(weights, ids, logits, bias, top_k, topk_group, reference):
     ref_w, ref_ids, masked, group_scores = reference
     ours_ids, ours_w = ids.long().cpu(), weights.double().cpu()
     # The op's own fp32 choice values (same device, same elementwise ops).
-    choice_ours = (logits.float().sigmoid() + (bias.float() if bias is not None else 0.0)).cpu()
+    scores = logits.float().softmax(-1) if scoring == "softmax" else logits.float().sigmoid()
+    choice_ours = (scores + (bias.float() if bias is not None else 0.0)).cpu()
     for t in range(m):
         ours, theirs = set(ours_ids[t].tolist()), set(ref_ids[t].tolist())
         assert len(ours) == top_k, "an expert chosen twice"
         # Sorted by biased score, descending; equal scores by ascending id. (The kernels
-        # compute their own sigmoid, which may differ from torch's by an ulp: near-equal
-        # neighbours may come in either order.)
+        # compute their own sigmoid or softmax, which may differ from torch's by an ulp:
+        # near-equal neighbours may come in either order.)
         c = choice_ours[t, ours_ids[t]]
         for i in range(top_k - 1):
             assert c[i] - c[i + 1] > -NEAR
@@ -50,11 +51,12 @@ def check_routing(weights, ids, logits, bias, top_k, topk_group, reference):
         torch.testing.assert_close(ours_w[t], expected, rtol=1e-5, atol=1e-12)
 
 
-def check(logits, bias, top_k, n_group=1, topk_group=1, renormalize=True, scale=1.0):
+def check(logits, bias, top_k, n_group=1, topk_group=1, renormalize=True, scale=1.0, scoring="sigmoid"):
     """Run the op and judge it against the float64 reference."""
-    weights, ids = kimi_router_ops.moe_routing(logits, bias, top_k, n_group, topk_group, renormalize, scale)
-    reference = reference_routing(logits, bias, top_k, n_group, topk_group, renormalize, scale)
-    check_routing(weights, ids, logits, bias, top_k, topk_group, reference)
+    weights, ids = kimi_router_ops.moe_routing(logits, bias, top_k, n_group, topk_group, renormalize, scale,
+                                               scoring)
+    reference = reference_routing(logits, bias, top_k, n_group, topk_group, renormalize, scale, scoring)
+    check_routing(weights, ids, logits, bias, top_k, topk_group, reference, scoring)
     return weights, ids
 
 

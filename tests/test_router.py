@@ -20,7 +20,7 @@ MODEL_CONFIGS = {
     "kimi-k2": (384, 8, 1, 1, 2.827),
     "kimi-k3": (896, 16, 1, 1, 1.0),
 }
-def check_router(out, x, w, bias, top_k, n_group, topk_group, renormalize, scale):
+def check_router(out, x, w, bias, top_k, n_group, topk_group, renormalize, scale, scoring="sigmoid"):
     weights, ids, logits = out
     m, n = x.shape[0], w.shape[0]
     assert logits.shape == (m, n) and logits.dtype == torch.float32
@@ -29,9 +29,10 @@ def check_router(out, x, w, bias, top_k, n_group, topk_group, renormalize, scale
     # may nearly cancel, where a relative error says nothing).
     assert dot_error(logits, x, w) <= 1e-5
     ref_w, ref_ids, _, masked, group_scores = reference_router(
-        x, w, bias, top_k, n_group, topk_group, renormalize, scale
+        x, w, bias, top_k, n_group, topk_group, renormalize, scale, scoring
     )
-    check_routing(weights, ids, logits, bias, top_k, topk_group, (ref_w, ref_ids, masked, group_scores))
+    check_routing(weights, ids, logits, bias, top_k, topk_group, (ref_w, ref_ids, masked, group_scores),
+                  scoring)
 
 
 def make_case(m, n, k, top_k, n_group, topk_group, bias_kind="fp32", device="cpu", scale=1.0, seed=0):

@@ -160,8 +160,9 @@ def test_static_cache_compiled_generation_is_unchanged(device, op_calls):
 def test_example_runs_on_the_cpu():
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "examples" / "transformers_deepseek.py"
-    result = subprocess.run([sys.executable, str(script), "--device", "cpu", "--tokens", "4"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "same tokens: True" in result.stdout and "no speed is reported" in result.stdout
+    script = Path(__file__).resolve().parent.parent / "examples" / "transformers_decode.py"
+    for model in ("deepseek-v3", "qwen3-moe"):
+        result = subprocess.run([sys.executable, str(script), "--model", model, "--device", "cpu", "--tokens", "4"],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "same tokens: True" in result.stdout and "no speed is reported" in result.stdout

@@ -28,7 +28,10 @@ for step in "$@"; do
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
     chain) python3 -m kimi_router_ops.bench_chain --out "$out" 2>&1 | tail -20 || status=1 ;;
     router) python3 -m kimi_router_ops.bench_router --out "$out" 2>&1 | tail -20 || status=1 ;;
-    example-tf) python3 examples/transformers_deepseek.py 2>&1 | tee "$out/example-tf.log" || status=1 ;;
+    example-tf) for model in deepseek-v3 qwen3-moe; do
+                  python3 examples/transformers_decode.py --model $model 2>&1 | tee -a "$out/example-tf.log"
+                  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+                done ;;
     sweep) python3 -m kimi_router_ops.bench --sweep --out "$out" --m 16 17 24 32 48 64 96 128 192 256 2>&1 | tail -60 || status=1 ;;
     ksweep)  # the hidden-size range: K x N at the decode M (docs/benchmarks.md)
       nk=(); for k in 2048 2880 3072 4096 5120 6144 7168 8192; do for n in 64 128 256 512 1024; do nk+=("$n,$k"); done; done

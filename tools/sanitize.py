@@ -20,8 +20,17 @@ from kimi_router_ops.checks import dot_error, near_tie, reference_router, refere
 N_LIST = (1, 3, 17, 895)
 # Odd K for the scalar-load kernels; multiples of 8 (chunk and split tails) for all of them.
 K_LIST = (1, 7, 8, 40, 1000, 7169, 7176)
-# Fused router: (N, K, top_k, n_group, topk_group), an odd small case and the real configs.
-ROUTER_CASES = ((17, 40, 3, 1, 1), (256, 7168, 8, 8, 4), (384, 7168, 8, 1, 1), (896, 7168, 16, 1, 1))
+# Fused router: (N, K, top_k, n_group, topk_group), an odd small case and the real configs
+# (DeepSeek-V3, Kimi-K2, Kimi-K3, Qwen3-235B, DeepSeek-V2).
+ROUTER_CASES = ((17, 40, 3, 1, 1), (256, 7168, 8, 8, 4), (384, 7168, 8, 1, 1), (896, 7168, 16, 1, 1),
+                (128, 4096, 8, 1, 1), (160, 5120, 6, 8, 3))
+# (scoring, bias): sigmoid with each bias kind, softmax without a bias and with an fp32 one.
+SCORINGS = (("sigmoid", None), ("sigmoid", torch.float32), ("sigmoid", torch.bfloat16),
+            ("softmax", None), ("softmax", torch.float32))
+
+
+def make_bias(n, dtype):
+    return None if dtype is None else (torch.randn(n) * 0.1).to(dtype)
 # Norm: (M, K) with K past one step of 16-byte loads (8192), odd K (scalar loads), one row.
 NORM_SHAPES = ((1, 7168), (16, 7168), (3, 9000), (2, 7169), (5, 1), (1, 40))
 
@@ -65,16 +74,17 @@ def main():
                     continue
                 x = torch.randn(m, k).to(torch.bfloat16)
                 w = (torch.randn(n, k) * k ** -0.5).to(torch.bfloat16)
-                for bias in (None, torch.randn(n) * 0.1, (torch.randn(n) * 0.1).to(torch.bfloat16)):
+                for scoring, bias_dtype in SCORINGS:
+                    bias = make_bias(n, bias_dtype)
                     route = (top_k, n_group, topk_group, True, 2.5)
                     cuda_bias = None if bias is None else bias.cuda()
                     weights, ids, logits = kimi_router_ops.ll_bf16_router_with_variant(
-                        x.cuda(), w.cuda(), cuda_bias, *route, r.name
+                        x.cuda(), w.cuda(), cuda_bias, *route, r.name, scoring
                     )
-                    ref_weights, ref_ids, _, masked, group_scores = reference_router(x, w, bias, *route)
+                    ref_weights, ref_ids, _, masked, group_scores = reference_router(x, w, bias, *route, scoring)
                     worst = max(worst, dot_error(logits, x, w))
                     check_routing(f"{r.name} m={m} n={n} top_k={top_k} groups={n_group}/{topk_group} "
-                                  f"bias={None if bias is None else bias.dtype}", weights, ids,
+                                  f"{scoring} bias={bias_dtype}", weights, ids,
                                   (ref_weights, ref_ids, masked, group_scores), top_k, topk_group)
                     calls += 1
     if args.only in ("", "moe_routing"):
@@ -82,12 +92,14 @@ def main():
             for n, _, top_k, n_group, topk_group in ROUTER_CASES + ((1000, 0, 32, 1, 1),):
                 for dtype in (torch.float32, torch.bfloat16):
                     logits = (torch.randn(m, n) * 2).to(dtype)
-                    for bias in (None, torch.randn(n) * 0.1, (torch.randn(n) * 0.1).to(torch.bfloat16)):
+                    for scoring, bias_dtype in SCORINGS:
+                        bias = make_bias(n, bias_dtype)
                         route = (top_k, n_group, topk_group, True, 2.5)
                         weights, ids = kimi_router_ops.moe_routing(
-                            logits.cuda(), None if bias is None else bias.cuda(), *route)
-                        check_routing(f"moe_routing m={m} n={n} {dtype} bias={None if bias is None else bias.dtype}",
-                                      weights, ids, reference_routing(logits, bias, *route), top_k, topk_group)
+                            logits.cuda(), None if bias is None else bias.cuda(), *route, scoring)
+                        check_routing(f"moe_routing m={m} n={n} {dtype} {scoring} bias={bias_dtype}",
+                                      weights, ids, reference_routing(logits, bias, *route, scoring), top_k,
+                                      topk_group)
                         calls += 1
     if args.only in ("", "norm"):
         for m, k in NORM_SHAPES:
@@ -112,7 +124,7 @@ def main():
 def check_routing(what, weights, ids, reference, top_k, topk_group):
     """Exit with a report unless the ids match the float64 reference (up to its near-ties:
     a wrong handoff gives garbage) and the weights are within 1e-5. Two picks within the
-    kernel's sigmoid error of each other may come in the other order (docs/api.md), so
+    kernel's sigmoid or softmax error of each other may come in the other order (docs/api.md), so
     weights are compared in id order."""
     ref_weights, ref_ids, masked, group_scores = reference
     m = ids.shape[0]

@@ -30,8 +30,10 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const RouterRow* forced, const T
                                                 const Tensor& w_in, const OptionalTensor& bias_in,
                                                 int64_t top_k, int64_t n_group,
                                                 int64_t topk_group, bool renormalize,
-                                                double routed_scaling_factor) {
-  check_router_inputs(x_in, w_in, bias_in, top_k, n_group, topk_group);
+                                                double routed_scaling_factor,
+                                                const std::string& scoring_name) {
+  const Scoring scoring = parse_scoring("ll_bf16_router", scoring_name);
+  check_router_inputs(x_in, w_in, bias_in, top_k, n_group, topk_group, scoring);
   const DeviceGuard guard(x_in.get_device_index());
   const Tensor x = unit_inner_stride(x_in);
   const Tensor w = unit_inner_stride(w_in);
@@ -53,7 +55,7 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const RouterRow* forced, const T
     // none fits), which waits on it through PDL.
     const Tensor logits = gemm_on_gpu(x, w, kFloat);
     auto [weights, ids] = moe_routing_on_gpu(logits, bias_in, top_k, n_group, topk_group,
-                                             renormalize, routed_scaling_factor);
+                                             renormalize, routed_scaling_factor, scoring);
     return {weights, ids, logits};
   }
   Tensor logits = empty_on(x, {M, N}, kFloat);
@@ -71,7 +73,8 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const RouterRow* forced, const T
       matrix_arg(weights), matrix_arg(ids),
       TensorArg{router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}},
       int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
-      bias_in.has_value() ? 1 : 0, static_cast<float>(routed_scaling_factor)};
+      bias_in.has_value() ? 1 : 0, scoring == Scoring::kSoftmax ? 1 : 0,
+      static_cast<float>(routed_scaling_factor)};
   const int32_t err = kernel.launch(&args, stream);
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel.symbol);
   return {weights, ids, logits};
@@ -81,17 +84,18 @@ std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cuda(const Tensor& x, const Te
                                                        const OptionalTensor& bias, int64_t top_k,
                                                        int64_t n_group, int64_t topk_group,
                                                        bool renormalize,
-                                                       double routed_scaling_factor) {
+                                                       double routed_scaling_factor,
+                                                       const std::string& scoring) {
   return route_on_gpu(nullptr, x, w, bias, top_k, n_group, topk_group, renormalize,
-                      routed_scaling_factor);
+                      routed_scaling_factor, scoring);
 }
 
 std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cuda(
     const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k, int64_t n_group,
     int64_t topk_group, bool renormalize, double routed_scaling_factor,
-    const std::string& variant) {
+    const std::string& variant, const std::string& scoring) {
   return route_on_gpu(&router_row_by_name(variant), x, w, bias, top_k, n_group, topk_group,
-                      renormalize, routed_scaling_factor);
+                      renormalize, routed_scaling_factor, scoring);
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ const CompiledRoutingKernel* find_routing_kernel(int64_t N, ScalarType logits_dt
 
 std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits_in, const OptionalTensor& bias_in,
                                               int64_t top_k, int64_t n_group, int64_t topk_group,
-                                              bool renormalize, double routed_scaling_factor) {
+                                              bool renormalize, double routed_scaling_factor,
+                                              Scoring scoring) {
   const Tensor logits = unit_inner_stride(logits_in);
   const int64_t M = logits.size(0), N = logits.size(1);
   const int device = logits.get_device_index();
@@ -40,7 +41,7 @@ std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits_in, const Opt
           : nullptr;
   if (kernel == nullptr || M > std::numeric_limits<int32_t>::max()) {
     return routing_reference(logits, bias_in, top_k, n_group, topk_group, renormalize,
-                             routed_scaling_factor);
+                             routed_scaling_factor, scoring);
   }
   Tensor weights = empty_on(logits, {M, top_k}, kFloat);
   Tensor ids = empty_on(logits, {M, top_k}, kInt);
@@ -52,7 +53,8 @@ std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits_in, const Opt
   RoutingArgs args{matrix_arg(logits), TensorArg{bias.data_ptr(), {1, int32_t(N)}, {N}},
                    matrix_arg(weights), matrix_arg(ids),
                    int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
-                   bias_in.has_value() ? 1 : 0, static_cast<float>(routed_scaling_factor)};
+                   bias_in.has_value() ? 1 : 0, scoring == Scoring::kSoftmax ? 1 : 0,
+                   static_cast<float>(routed_scaling_factor)};
   const int32_t err = kernel->launch(&args, current_stream(device));
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
   return {weights, ids};
@@ -62,11 +64,13 @@ namespace {
 
 std::tuple<Tensor, Tensor> moe_routing_cuda(const Tensor& logits, const OptionalTensor& bias,
                                             int64_t top_k, int64_t n_group, int64_t topk_group,
-                                            bool renormalize, double routed_scaling_factor) {
-  check_moe_routing_inputs(logits, bias, top_k, n_group, topk_group);
+                                            bool renormalize, double routed_scaling_factor,
+                                            const std::string& scoring) {
+  const Scoring how = parse_scoring("moe_routing", scoring);
+  check_moe_routing_inputs(logits, bias, top_k, n_group, topk_group, how);
   const DeviceGuard guard(logits.get_device_index());
   return moe_routing_on_gpu(logits, bias, top_k, n_group, topk_group, renormalize,
-                            routed_scaling_factor);
+                            routed_scaling_factor, how);
 }
 
 }  // namespace

@@ -1,20 +1,33 @@
-"""Hugging Face transformers models on the router op, with one call.
+"""Hugging Face transformers models on the router ops, with one call.
 
     from kimi_router_ops.integrations import transformers as kimi_tf
-    kimi_tf.patch(model)    # every DeepseekV3TopkRouter now runs kimi_router_ops.ll_bf16_router
+    kimi_tf.patch(model)    # every supported router now runs kimi_router_ops' ops
     kimi_tf.unpatch(model)  # back to transformers' own forward
 
-DeepseekV3TopkRouter (DeepSeek-V3, Kimi-K2, and Kimi-K2.5's text model, which is built on
-it) computes its logits with `F.linear` in fp32 on an upcast copy of the bf16 weight, then
-a dozen torch ops of routing; `ll_bf16_router` computes the same three outputs in one op
-(the same formula, fp32 sums of the exact bf16 products). A patched router falls back to
-transformers' forward when a gradient is wanted (the op has none: run inference under
-`torch.no_grad()` or `torch.inference_mode()`) and when the model is not in bf16 (the op
-takes bf16 inputs, and casting an fp32 model's inputs would change its numbers).
+Each patched forward computes what transformers' forward computes, with the same outputs
+(the same tuple, dtypes and logits), in one or two launches instead of a dozen ops:
+
+- Sigmoid routers of the DeepSeek-V3 family (DeepseekV3TopkRouter and the routers that
+  share its forward: Kimi-K2/K2.5, GLM-4.5, dots.llm1, ...): fp32 logits on an upcast copy
+  of the bf16 weight, sigmoid, score-correction bias, grouped top-k. `ll_bf16_router`.
+- DeepSeek-V2 (DeepseekV2TopkRouter and its twins): fp32 logits, softmax, greedy or
+  group-limited greedy top-k, no renormalization, routed_scaling_factor.
+  `ll_bf16_router(scoring="softmax")`.
+- Qwen-MoE, OLMoE, Mixtral, MiniMax and gpt-oss routers: their gate computes the logits in
+  the model's dtype (bf16), and they route on those rounded logits (gpt-oss on top of its
+  gate's bias). `ll_bf16_gemm` with bf16 out (plus the gate's bias), then
+  `moe_routing(scoring="softmax")` on the bf16 logits: the fused router, which routes on
+  fp32 logits, could pick differently where two logits round to one bf16 value.
+
+A patched router falls back to transformers' forward when a gradient is wanted (the ops
+have none: run inference under `torch.no_grad()` or `torch.inference_mode()`), when the
+model is not in bf16 (the ops take bf16 inputs, and casting an fp32 model's inputs would
+change its numbers), and for a DeepSeek-V2 topk_method it does not know.
 
 The router is patched by swapping its class for a subclass that overrides `forward` (so
 `isinstance`, hooks, output recording, state dicts and `torch.compile` see the same module);
-nothing here imports transformers, which stays an optional dependency (tested: 5.23).
+nothing here imports transformers, which stays an optional dependency (tested: 5.23, whose
+routers of one family share one forward, word for word).
 """
 
 import torch
@@ -22,30 +35,91 @@ from torch import nn
 
 from .. import ops
 
-ROUTER_CLASSES = ("DeepseekV3TopkRouter",)
-# What forward reads from the router module (transformers 5.x attribute names).
-_ATTRIBUTES = ("weight", "e_score_correction_bias", "top_k", "num_group", "topk_group",
-               "norm_topk_prob", "routed_scaling_factor", "hidden_dim")
+SOFTMAX = "softmax"
+
+
+def _sigmoid_grouped(self, hidden_states):
+    """DeepseekV3TopkRouter.forward: (router_logits fp32, topk_weights fp32, topk_indices)."""
+    weights, ids, logits = ops.ll_bf16_router(
+        hidden_states.reshape(-1, self.hidden_dim), self.weight, self.e_score_correction_bias,
+        self.top_k, self.num_group, self.topk_group, bool(self.norm_topk_prob),
+        float(self.routed_scaling_factor),
+    )
+    return logits, weights, ids.long()
+
+
+def _deepseek_v2(self, hidden_states):
+    """DeepseekV2TopkRouter.forward: (router_logits fp32, topk_weights fp32, topk_indices)."""
+    groups = (self.num_group, self.topk_group) if self.topk_method == "group_limited_greedy" else (1, 1)
+    weights, ids, logits = ops.ll_bf16_router(
+        hidden_states.reshape(-1, self.hidden_dim), self.weight, None, self.top_k, *groups, False,
+        float(self.routed_scaling_factor), SOFTMAX,
+    )
+    return logits, weights, ids.long()
+
+
+def _softmax_on_gate_logits(self, hidden_states, renormalize, weights_dtype=None, gate_bias=None):
+    """Routers that softmax their gate's logits in the model's dtype: (router_logits,
+    router_scores in `weights_dtype` or the logits' dtype, router_indices)."""
+    x = hidden_states.reshape(-1, self.hidden_dim)
+    if gate_bias is None:
+        logits = ops.ll_bf16_gemm(x, self.weight, out_dtype=x.dtype)
+    else:  # rounded once, after the bias, as a linear layer with a bias rounds
+        logits = (ops.ll_bf16_gemm(x, self.weight) + gate_bias).to(x.dtype)
+    weights, ids = ops.moe_routing(logits, None, self.top_k, renormalize=renormalize, scoring=SOFTMAX)
+    return logits, weights.to(weights_dtype or logits.dtype), ids.long()
+
+
+def _qwen_moe(self, hidden_states):  # Qwen3MoeTopKRouter: renormalized if norm_topk_prob
+    return _softmax_on_gate_logits(self, hidden_states, bool(self.norm_topk_prob))
+
+
+def _qwen3_5_moe(self, hidden_states):  # Qwen3_5MoeTopKRouter: always renormalized
+    return _softmax_on_gate_logits(self, hidden_states, True)
+
+
+def _mixtral(self, hidden_states):  # MixtralTopKRouter: renormalized, fp32 weights
+    return _softmax_on_gate_logits(self, hidden_states, True, torch.float32)
+
+
+def _gpt_oss(self, hidden_states):  # GptOssTopKRouter: softmax over the top-k logits
+    return _softmax_on_gate_logits(self, hidden_states, True, gate_bias=self.bias)
+
+
+# Router class -> (patched forward, the attributes it reads). In transformers 5.23 the classes
+# of one entry share their forward word for word.
+_FAMILIES = (
+    (_sigmoid_grouped, ("weight", "e_score_correction_bias", "top_k", "num_group", "topk_group",
+                        "norm_topk_prob", "routed_scaling_factor", "hidden_dim"),
+     ("DeepseekV3TopkRouter", "DeepseekV32TopkRouter", "KimiLinearTopkRouter", "Glm4MoeTopkRouter",
+      "Glm4MoeLiteTopkRouter", "Glm4vMoeTextTopkRouter", "GlmMoeDsaTopkRouter", "Dots1TopkRouter",
+      "ExaoneMoeTopkRouter", "SolarOpenTopkRouter", "MiMoV2FlashTopkRouter", "NemotronHTopkRouter")),
+    (_deepseek_v2, ("weight", "top_k", "num_group", "topk_group", "topk_method",
+                    "routed_scaling_factor", "hidden_dim"),
+     ("DeepseekV2TopkRouter", "DeepseekOcr2TextTopkRouter")),
+    (_qwen_moe, ("weight", "top_k", "norm_topk_prob", "hidden_dim"),
+     ("Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "Qwen3NextTopKRouter", "OlmoeTopKRouter",
+      "FlexOlmoTopKRouter", "Qwen3OmniMoeThinkerTextTopKRouter")),
+    (_qwen3_5_moe, ("weight", "top_k", "hidden_dim"),
+     ("Qwen3_5MoeTopKRouter", "Qwen3VLMoeTextTopKRouter", "Qwen3OmniMoeTextTopKRouter")),
+    (_mixtral, ("weight", "top_k", "hidden_dim"), ("MixtralTopKRouter", "MiniMaxTopKRouter")),
+    (_gpt_oss, ("weight", "bias", "top_k", "hidden_dim"), ("GptOssTopKRouter",)),
+)
+ROUTERS = {name: (forward, attributes) for forward, attributes, names in _FAMILIES for name in names}
+ROUTER_CLASSES = tuple(ROUTERS)
 _patched_classes: dict[type, type] = {}
 
 
 def _router_forward(self, hidden_states: torch.Tensor):
+    forward, _ = ROUTERS[self._kimi_original_class.__name__]
     needs_grad = torch.is_grad_enabled() and (self.weight.requires_grad or hidden_states.requires_grad)
-    if needs_grad or self.weight.dtype != torch.bfloat16 or hidden_states.dtype != torch.bfloat16:
-        # Training (the op has no derivative) or a model not in bf16: transformers' forward.
+    unknown_method = forward is _deepseek_v2 and self.topk_method not in ("greedy", "group_limited_greedy")
+    if (needs_grad or unknown_method or self.weight.dtype != torch.bfloat16
+            or hidden_states.dtype != torch.bfloat16):
+        # Training (the ops have no derivative), a model not in bf16, or a routing we do not
+        # know: transformers' forward.
         return self._kimi_original_class.forward(self, hidden_states)
-    weights, ids, logits = ops.ll_bf16_router(
-        hidden_states.reshape(-1, self.hidden_dim),
-        self.weight,
-        self.e_score_correction_bias,
-        self.top_k,
-        self.num_group,
-        self.topk_group,
-        bool(self.norm_topk_prob),
-        float(self.routed_scaling_factor),
-    )
-    # transformers returns (router_logits, topk_weights, topk_indices), indices as int64.
-    return logits, weights, ids.long()
+    return forward(self, hidden_states)
 
 
 def _is_router(module: nn.Module) -> bool:
@@ -63,13 +137,13 @@ def _patched_class(cls: type) -> type:
 
 
 def patch(model: nn.Module) -> int:
-    """Route every DeepseekV3TopkRouter in `model` through `ll_bf16_router`; returns how
-    many routers were patched (already patched ones are left as they are)."""
+    """Route every router of ROUTER_CLASSES in `model` through kimi_router_ops' ops; returns
+    how many routers were patched (already patched ones are left as they are)."""
     count = 0
     for name, module in model.named_modules():
         if not _is_router(module):
             continue
-        missing = [a for a in _ATTRIBUTES if not hasattr(module, a)]
+        missing = [a for a in ROUTERS[type(module).__name__][1] if not hasattr(module, a)]
         if missing:
             raise TypeError(
                 f"{name}: this {type(module).__name__} lacks {missing}; kimi_router_ops supports "

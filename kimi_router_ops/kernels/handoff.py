@@ -1,7 +1,8 @@
 """The fused router's handoff buffer: logits published by every CTA, polled by the router CTA.
 
 A handoff buffer is an int32 [M, N] view of a workspace that holds EMPTY in every word
-between calls. The GEMM body publishes each logit's sigmoid score there with a relaxed gpu-scope
+between calls. The GEMM body publishes each logit's sigmoid score (or, for softmax routing,
+the logit itself) there with a relaxed gpu-scope
 store as well as writing it to the logits output; the routing CTA polls the words it needs
 with relaxed gpu-scope loads (they bypass L1) until none is EMPTY, routes, and writes EMPTY
 back. A logit and its "ready" flag are the same 32-bit word, so no fence or counter is
@@ -33,19 +34,31 @@ def sigmoid(v: Float32) -> Float32:
 
 
 @cute.jit
-def score_bits(logit: Float32) -> Int32:
-    """The routing score of a logit as the word published for it (never EMPTY). The routing
-    op computes its scores with this too, so that it routes as the fused router does."""
-    bits = sigmoid(logit).bitcast(Int32)
+def _word(v: Float32) -> Int32:
+    """v as a published word: its bits, with EMPTY (a NaN) made the canonical NaN."""
+    bits = v.bitcast(Int32)
     return Int32(cutlass.select_(bits == Int32(EMPTY), Int32(CANONICAL_NAN), bits))
 
 
 @cute.jit
-def publish(handoff: cute.Tensor, m, n, logit: Float32):
-    """Publish the expert's sigmoid score, not its logit: the GEMM's output threads compute
-    it side by side, where the routing warp would compute 8-28 of them one after another
-    (two MUFU ops each)."""
-    cute.arch.store(element_ptr(handoff, m, n), score_bits(logit), sem="relaxed", scope="gpu")
+def score_bits(logit: Float32, softmax: Int32) -> Int32:
+    """The word published for a logit (never EMPTY): its sigmoid score, or for softmax
+    routing the logit itself (a softmax needs all of a token's logits at once). The routing
+    op computes its scores with this too, so that it routes as the fused router does."""
+    word = Int32(0)
+    if softmax != 0:
+        word = _word(logit)
+    else:
+        word = _word(sigmoid(logit))
+    return word
+
+
+@cute.jit
+def publish(handoff: cute.Tensor, m, n, logit: Float32, softmax: Int32):
+    """Publish the expert's sigmoid score, not its logit, for sigmoid routing: the GEMM's
+    output threads compute it side by side, where the routing warp would compute 8-28 of
+    them one after another (two MUFU ops each)."""
+    cute.arch.store(element_ptr(handoff, m, n), score_bits(logit, softmax), sem="relaxed", scope="gpu")
 
 
 @cute.jit

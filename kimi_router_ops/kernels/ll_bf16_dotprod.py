@@ -114,9 +114,10 @@ class LLBf16Dotprod:
         self.body(xv, wv, out)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None, softmax=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
-        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
+        handoff buffer, kernels/handoff.py, to publish every logit in as well, and the
+        routing's scoring: softmax != 0 publishes logits, not sigmoid scores)."""
         max_m: cutlass.Constexpr = self.max_m
         rows: cutlass.Constexpr = self.rows_per_cta
         unroll: cutlass.Constexpr = self.unroll
@@ -210,4 +211,4 @@ class LLBf16Dotprod:
             if m < m_count and n_first + r < n_count:
                 out[m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
-                    handoff_buffer.publish(handoff, m, n_first + r, total)
+                    handoff_buffer.publish(handoff, m, n_first + r, total, softmax)

@@ -181,9 +181,10 @@ class LLBf16Mma:
         self.body(xv, wv, out)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None):
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None, softmax=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
-        handoff buffer, kernels/handoff.py, to publish every logit in as well)."""
+        handoff buffer, kernels/handoff.py, to publish every logit in as well, and the
+        routing's scoring: softmax != 0 publishes logits, not sigmoid scores)."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks
@@ -315,13 +316,13 @@ class LLBf16Mma:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
-                self._store(out, handoff, idx, total, token_first, expert_first, m_count, n_count)
+                self._store(out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count)
 
     @cute.jit
-    def _store(self, out, handoff, idx, total, token_first, expert_first, m_count, n_count):
+    def _store(self, out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count):
         token = token_first + idx // self.experts
         expert = expert_first + idx - (token - token_first) * self.experts
         if token < m_count and expert < n_count:
             out[token, expert] = total.to(out.element_type)
             if const_expr(handoff is not None):
-                handoff_buffer.publish(handoff, token, expert, total)
+                handoff_buffer.publish(handoff, token, expert, total, softmax)

@@ -1,7 +1,7 @@
 """The whole MoE router in one launch: a router GEMM kernel, then routing in the same grid.
 
     logits  = x · wᵀ                                  (the GEMM kernel's body, unchanged)
-    then the routing of kernels/routing.py on sigmoid(logits)
+    then the routing of kernels/routing.py on sigmoid(logits) or softmax(logits)
 
 Every CTA runs the GEMM body of an LLBf16Dotprod or LLBf16Mma kernel, which stores the
 logits and also publishes each expert's sigmoid score in a handoff buffer
@@ -60,6 +60,7 @@ class LLBf16Router(WarpRouting):
         topk_group: Int32,
         renormalize: Int32,
         has_bias: Int32,
+        softmax: Int32,  # 0: sigmoid scores
         scaling: Float32,
         stream: cuda.CUstream,
     ):
@@ -80,7 +81,7 @@ class LLBf16Router(WarpRouting):
             ctas_per_sm = 1
         self.kernel(
             xv, wv, bias, logits, weights, ids, handoff,
-            top_k, n_group, topk_group, renormalize, has_bias, scaling,
+            top_k, n_group, topk_group, renormalize, has_bias, softmax, scaling,
         ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
                  min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
 
@@ -99,18 +100,19 @@ class LLBf16Router(WarpRouting):
         topk_group: Int32,
         renormalize: Int32,
         has_bias: Int32,
+        softmax: Int32,
         scaling: Float32,
     ):
         if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
-        self.gemm.body(xv, wv, logits, handoff)
+        self.gemm.body(xv, wv, logits, handoff, softmax)
         if const_expr(self.at_publisher and self.gemm.experts < WARP):
             # A warp finishes more than one token: the others' routing warps poll only once
             # it has published them.
             cute.arch.sync_threads()
         self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                    has_bias, scaling, self._scratch())
+                    has_bias, softmax, scaling, self._scratch())
 
     @cute.jit
     def _routing_unit(self):
@@ -136,7 +138,7 @@ class LLBf16Router(WarpRouting):
         return unit, stride
 
     @cute.jit
-    def _gather(self, handoff, bias, m, lane, n_count, has_bias, scores, choice,
+    def _gather(self, handoff, bias, m, lane, n_count, has_bias, softmax, scores, choice,
                 exact: cutlass.Constexpr):
         """This token's scores (polled until all are published, then emptied again) and
         biases. With `exact` every lane's experts all exist; otherwise indices are clamped

@@ -1,9 +1,11 @@
 """MoE routing of one token by one warp: the shared part of the fused router
 (kernels/ll_bf16_router.py) and the standalone routing op (kernels/moe_routing.py).
 
-    scores  = sigmoid(logits);  choice = scores + bias
+    scores  = sigmoid(logits), or softmax(logits) over the token's N experts
+    choice  = scores + bias
     groups  = n_group equal slices of the experts, scored by the sum of their two best
-              choice values; the topk_group best are kept (ties to the lower group)
+              choice values (with softmax: their best, as DeepSeek-V2's group-limited
+              greedy); the topk_group best are kept (ties to the lower group)
     ids     = the top_k best choice values among kept experts, best first, ties to the
               lower expert id
     weights = scores[ids] / (sum + 1e-20) if renormalize, times routed_scaling_factor
@@ -173,7 +175,7 @@ class WarpRouting:
 
     @cute.jit
     def _route(self, source, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-               has_bias, scaling, scratch):
+               has_bias, softmax, scaling, scratch):
         """Route this warp's tokens: m = unit, unit + stride, ... (_routing_unit) of the
         [M, N] `source` that _gather reads the scores from."""
         slots: cutlass.Constexpr = self.slots
@@ -189,9 +191,11 @@ class WarpRouting:
             # All experts present (every real router's N): no clamped indices, so each load
             # and store is one instruction at an immediate offset from the lane's address.
             if n_count == slots * WARP:
-                self._gather(source, bias, m, lane, n_count, has_bias, scores, choice, True)
+                self._gather(source, bias, m, lane, n_count, has_bias, softmax, scores, choice, True)
             else:
-                self._gather(source, bias, m, lane, n_count, has_bias, scores, choice, False)
+                self._gather(source, bias, m, lane, n_count, has_bias, softmax, scores, choice, False)
+            if softmax != 0:  # the same on every lane: a uniform branch
+                self._softmax(scores, lane, n_count)
             for j in cutlass.range_constexpr(slots):
                 c = scores[j] + choice[j]
                 choice[j] = c
@@ -202,9 +206,9 @@ class WarpRouting:
             if topk_group < n_group:
                 if n_count == n_group * WARP:
                     bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
-                                                   scratch[None, None, warp])
+                                                   softmax, scratch[None, None, warp])
                 else:
-                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group)
+                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group, softmax)
 
             my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch[None, None, warp])
             scale = scaling
@@ -219,6 +223,29 @@ class WarpRouting:
             if lane < top_k:
                 weights[m, lane] = score * scale
                 ids[m, lane] = my_id
+
+    @cute.jit
+    def _softmax(self, values, lane, n_count):
+        """values (this token's logits, lane l holding experts l, l + 32, ...) become their
+        softmax over the N experts, in fp32: exp(v - max) / sum. The max is one `redux.sync`
+        on the order-preserving keys; the sum a tree a lane, then a butterfly (every lane
+        ends with the same bits, in a fixed order: deterministic). Lanes' slots past N
+        (clamped copies of the last expert) count for nothing."""
+        slots: cutlass.Constexpr = self.slots
+        neg_inf = Float32(-float("inf"))
+        present = [j * WARP + lane < n_count for j in range(slots)]
+        lane_max = _tree([Float32(cutlass.select_(present[j], values[j], neg_inf)) for j in range(slots)],
+                         cute.arch.fmax)
+        top = self._value(Uint32(cute.arch.warp_redux_sync(self._key(lane_max), "umax")))
+        for j in cutlass.range_constexpr(slots):
+            e = cute.arch.exp2((values[j] - top) * Float32(1.4426950408889634))
+            values[j] = Float32(cutlass.select_(present[j], e, Float32(0.0)))
+        total = _tree_sum([values[j] for j in range(slots)])
+        for step in cutlass.range_constexpr(5):
+            total = total + cute.arch.shuffle_sync_bfly(total, 16 >> step)
+        inverse = cute.arch.rcp_approx(total)
+        for j in cutlass.range_constexpr(slots):
+            values[j] = values[j] * inverse
 
     @cute.jit
     def _expert(self, j, lane, n_count, exact: cutlass.Constexpr):
@@ -407,7 +434,8 @@ class WarpRouting:
         return first, second
 
     @cute.jit
-    def _mask_slot_groups(self, choice, keys, lane, top_k, n_group, topk_group, scratch) -> Uint32:
+    def _mask_slot_groups(self, choice, keys, lane, top_k, n_group, topk_group, softmax,
+                          scratch) -> Uint32:
         """Groups of exactly 32 experts (DeepSeek-V3: 256 experts, 8 groups): group g is slot
         g of every lane. Shared memory turns slots into rows (8 groups at a time), so four
         lanes read a quarter of group g's choice values each, take their two best with a
@@ -439,7 +467,7 @@ class WarpRouting:
                 first = cute.arch.fmax(first, other_first)
             # (Slots past n_group, with more slots than groups, are no group: their key stays 0.)
             if (quarter == 0) & (group < chunk) & (c * GROUP_CHUNK + group < n_group):
-                group_keys[c * GROUP_CHUNK + group] = self._key(first + second)
+                group_keys[c * GROUP_CHUNK + group] = self._key(self._group_score(first, second, softmax))
             seconds.append(self._key(second))
         cute.arch.sync_warp()
         # (key, ~group) as one 64-bit word: a higher key beats, an equal one from a lower group.
@@ -460,6 +488,12 @@ class WarpRouting:
         return Uint32(cutlass.select_(top_k <= 2 * topk_group, least, Uint32(0)))
 
     @cute.jit
+    def _group_score(self, first, second, softmax) -> Float32:
+        """A group's score from its two best choice values: their sum (DeepSeek-V3), or with
+        softmax the best alone (DeepSeek-V2)."""
+        return Float32(cutlass.select_(softmax != 0, first, first + second))
+
+    @cute.jit
     def _best_groups(self, group_key, lane, topk_group) -> Int32:
         """A bit mask of the topk_group groups with the largest keys (lane g holds group g's)."""
         kept = Int32(0)
@@ -472,7 +506,7 @@ class WarpRouting:
         return kept
 
     @cute.jit
-    def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group):
+    def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group, softmax):
         """Any equal groups (n_group <= 32): zero the keys of experts outside the topk_group
         best groups, one group score after the other."""
         group_size = n_count // n_group
@@ -488,7 +522,8 @@ class WarpRouting:
                 second = cute.arch.fmax(second, cute.arch.fmin(first, c))
                 first = cute.arch.fmax(first, c)
             first, second = self._warp_top2(first, second)
-            group_key = Uint32(cutlass.select_(lane == g, self._key(first + second), group_key))
+            group_key = Uint32(cutlass.select_(lane == g, self._key(self._group_score(first, second, softmax)),
+                                               group_key))
         kept = self._best_groups(group_key, lane, topk_group)
         for j in cutlass.range_constexpr(self.slots):
             group = cutlass.min((j * WARP + lane) // group_size, 31)

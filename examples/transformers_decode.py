@@ -1,13 +1,15 @@
-"""A DeepSeek-V3-shaped transformers model, decoding with and without the router op.
+"""A DeepSeek-V3- or Qwen3-MoE-shaped transformers model, decoding with and without the
+router ops.
 
-    python examples/transformers_deepseek.py                  # GPU if present, else a tiny model on the CPU
-    python examples/transformers_deepseek.py --tokens 64 --batch 8
+    python examples/transformers_decode.py                    # GPU if present, else a tiny model on the CPU
+    python examples/transformers_decode.py --model qwen3-moe --tokens 64 --batch 8
 
-The model has DeepSeek-V3's router (hidden 7168, 256 experts in 8 groups, 4 kept, top-8,
-scale 2.5) but random weights, few layers and small experts, so that it fits anywhere and
-the router is a visible part of a decode step. It generates greedily with transformers'
-own router, then with `kimi_router_ops.integrations.transformers.patch(model)`, checks that
-both produce the same tokens, and prints the time per decode step of each.
+The model has the router of DeepSeek-V3 (hidden 7168, 256 experts in 8 groups, 4 kept,
+top-8, scale 2.5; sigmoid) or of Qwen3-235B-A22B (hidden 4096, 128 experts, top-8,
+renormalized; softmax) but random weights, few layers and small experts, so that it fits
+anywhere and the router is a visible part of a decode step. It generates greedily with
+transformers' own router, then with `kimi_router_ops.integrations.transformers.patch(model)`,
+checks that both produce the same tokens, and prints the time per decode step of each.
 """
 
 import argparse
@@ -19,7 +21,28 @@ import transformers
 from kimi_router_ops.integrations import transformers as kimi_tf
 
 
-def build_model(device: str, small: bool):
+def build_model(name: str, device: str, small: bool):
+    return {"deepseek-v3": deepseek_v3, "qwen3-moe": qwen3_moe}[name](small).to(device=device, dtype=torch.bfloat16).eval()
+
+
+def qwen3_moe(small: bool):
+    hidden, experts, top_k = (256, 64, 8) if small else (4096, 128, 8)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=1024, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=64,
+        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8, head_dim=64,
+        num_experts=experts, num_experts_per_tok=top_k, norm_topk_prob=True, max_position_embeddings=1024,
+        pad_token_id=0, eos_token_id=1, bos_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__ == "Qwen3MoeTopKRouter":
+                module.weight.normal_(0, hidden ** -0.5)
+    return model
+
+
+def deepseek_v3(small: bool):
     hidden, experts, groups, kept, top_k = (256, 64, 4, 2, 6) if small else (7168, 256, 8, 4, 8)
     config = transformers.DeepseekV3Config(
         vocab_size=1024, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=64,
@@ -36,7 +59,7 @@ def build_model(device: str, small: bool):
             if type(module).__name__ == "DeepseekV3TopkRouter":
                 module.weight.normal_(0, hidden ** -0.5)
                 module.e_score_correction_bias.uniform_(-0.05, 0.05)
-    return model.to(device=device, dtype=torch.bfloat16).eval()
+    return model
 
 
 def decode_step_ms(model, prompt, tokens: int, repeats: int = 3):
@@ -61,13 +84,14 @@ def decode_step_ms(model, prompt, tokens: int, repeats: int = 3):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["deepseek-v3", "qwen3-moe"], default="deepseek-v3")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--small", action="store_true", help="hidden 256, 64 experts (default on the CPU)")
     args = parser.parse_args()
     small = args.small or args.device == "cpu"
-    model = build_model(args.device, small)
+    model = build_model(args.model, args.device, small)
     prompt = torch.randint(2, 1024, (args.batch, 16), generator=torch.Generator().manual_seed(1))
     prompt = prompt.to(args.device)
     with torch.no_grad():
@@ -77,7 +101,7 @@ def main():
     same = torch.equal(tokens, expected)
     name = torch.cuda.get_device_name() if args.device != "cpu" else "CPU"
     print(f"{name}, transformers {transformers.__version__}, torch {torch.__version__}; "
-          f"{'small' if small else 'DeepSeek-V3-shaped'} router, {routers} MoE layers patched, "
+          f"{'small' if small else args.model + '-shaped'} router, {routers} MoE layers patched, "
           f"batch {args.batch}, {args.tokens} tokens")
     if args.device == "cpu":
         # CPU bf16 matmuls swing with thread scheduling: their times say nothing about the op.
