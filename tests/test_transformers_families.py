@@ -66,14 +66,14 @@ def routers(model, router_class):
 
 def same_routing(before, after, family):
     """The same outputs: logits and weights in the original dtypes, the logits within fp32
-    rounding (or one bf16 ulp), the same expert sets unless transformers' values tie at the
+    rounding (or one bf16 ulp: the two sums may round apart), the same expert sets unless transformers' values tie at the
     cut (there either choice is transformers' formula), the same weights by expert."""
     logits0, weights0, ids0 = before
     logits1, weights1, ids1 = after
     assert (logits1.dtype, weights1.dtype, ids1.dtype) == (logits0.dtype, weights0.dtype, ids0.dtype)
     assert logits1.shape == logits0.shape and weights1.shape == weights0.shape
     if logits0.dtype == torch.bfloat16:
-        torch.testing.assert_close(logits1.float(), logits0.float(), rtol=2 ** -8, atol=1e-6)
+        torch.testing.assert_close(logits1.float(), logits0.float(), rtol=2 ** -7, atol=1e-6)
     else:
         torch.testing.assert_close(logits1, logits0, rtol=1e-5, atol=1e-6)
     bf16_weights = weights0.dtype == torch.bfloat16

@@ -2,7 +2,7 @@
 # On a GPU machine without nvidia-cutlass-dsl: build _C from ahead-of-time objects made
 # elsewhere (KIMI_ROUTER_OPS_AOT_DIR, default build/aot), then run the given steps.
 #   tools/device_run.sh [test] [main] [example] [bench] [bench-quick] [bench-decode] [chain]
-#                       [router] [example-tf] [sanitize] [sweep] [ksweep]
+#                       [router] [router-decode] [example-tf] [sanitize] [sweep] [ksweep]
 # Logs and results go to $OUT (or ./device-out).
 set -uo pipefail
 out=${OUT:-device-out}
@@ -28,6 +28,7 @@ for step in "$@"; do
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
     chain) python3 -m kimi_router_ops.bench_chain --out "$out" 2>&1 | tail -20 || status=1 ;;
     router) python3 -m kimi_router_ops.bench_router --out "$out" 2>&1 | tail -20 || status=1 ;;
+    router-decode) python3 -m kimi_router_ops.bench_router --out "$out" --m 1 2 4 8 16 2>&1 | tail -40 || status=1 ;;
     example-tf) for model in deepseek-v3 qwen3-moe; do
                   python3 examples/transformers_decode.py --model $model 2>&1 | tee -a "$out/example-tf.log"
                   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
