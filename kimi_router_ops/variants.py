@@ -210,9 +210,10 @@ class RouterVariant:
 
 
 # A lane's share of the experts is a chain of instructions in one warp, so each N range gets
-# its own kernels: 8 experts a lane for DeepSeek-V3, 12 for Kimi-K2, 28 for Kimi-K3, 32 up
-# to 1024 experts (docs/kernel-notes.md).
-ROUTER_N_RANGES = ((1, 256), (257, 384), (385, 896), (897, 1024))
+# its own kernels: 4 experts a lane for Qwen3-MoE, 8 for DeepSeek-V3, 12 for Kimi-K2, 28 for
+# Kimi-K3, 32 up to 1024 experts (docs/kernel-notes.md).
+ROUTER_N_RANGES = ((1, 128), (129, 256), (257, 384), (385, 896), (897, 1024))
+N128, N256, N384, N896, N1024 = ROUTER_N_RANGES
 
 
 class RouterGemm(NamedTuple):
@@ -230,24 +231,26 @@ class RouterGemm(NamedTuple):
 
 # Each entry fuses the GEMM kernel the GEMM op picks for the same M and N, or one that sums
 # the same way (one 16-expert tile a CTA instead of two: bit for bit the same logits), except
-# at M = 1 above 384 experts and M = 2 up to 256, where another kernel made the whole router
-# faster (docs/api.md says which). The flags are each row's measured best; docs/kernel-notes.md
-# says what each buys. Columns: GEMM row, M range, N ranges, exclusive, trigger, bias
-# prefetch, routing at the publisher.
+# at M = 1 above 384 experts and M = 2 from 129 to 256, where another kernel made the whole
+# router faster (docs/api.md says which). The flags are each row's measured best;
+# docs/kernel-notes.md says what each buys. Columns: GEMM row, M range, N ranges, exclusive,
+# trigger, bias prefetch, routing at the publisher.
 ROUTER_GEMMS = (
-    RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[:1], True, "before_wait", True),
-    RouterGemm("m1_prefetch_r4_t256", 1, 1, ROUTER_N_RANGES[1:2], True, "after_x", True),
-    RouterGemm("m2_prefetch_r4_t256", 2, 2, ROUTER_N_RANGES[:1], True, "before_wait", True),
-    RouterGemm("mma8_t2c4w8u7", 1, 8, ROUTER_N_RANGES[2:], False, "before_wait", False),
-    RouterGemm("mma8_t2c4w8u7", 2, 4, ROUTER_N_RANGES[:1], False, "before_wait", True, at_publisher=True),
-    RouterGemm("mma8_t2c4w8u7", 5, 8, ROUTER_N_RANGES[:1], False, "after_x", True),
-    RouterGemm("mma8_t1c4w8u7", 2, 8, ROUTER_N_RANGES[1:2], False, "at_entry", False),
-    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[:1], False, "after_x", False),
-    RouterGemm("mma16_t1c4w8u7", 9, 16, ROUTER_N_RANGES[1:2], False, "before_wait", True, at_publisher=True),
-    RouterGemm("mma16_t2c4w8u7", 9, 16, ROUTER_N_RANGES[2:], False, "before_wait", False, at_publisher=True),
+    RouterGemm("m1_prefetch_r4_t256", 1, 1, (N128, N256), True, "before_wait", True),
+    RouterGemm("m1_prefetch_r4_t256", 1, 1, (N384,), True, "after_x", True),
+    RouterGemm("m2_prefetch_r4_t256", 2, 2, (N256,), True, "before_wait", True),
+    RouterGemm("mma8_t2c4w8u7", 1, 8, (N896, N1024), False, "before_wait", False),
+    RouterGemm("mma8_t2c4w8u7", 2, 4, (N256,), False, "before_wait", True, at_publisher=True),
+    RouterGemm("mma8_t2c4w8u7", 5, 8, (N256,), False, "after_x", True),
+    RouterGemm("mma8_t1c4w8u7", 2, 8, (N128, N384), False, "at_entry", False),
+    RouterGemm("mma16_t1c4w8u7", 9, 16, (N128, N256), False, "after_x", False),
+    RouterGemm("mma16_t1c4w8u7", 9, 16, (N384,), False, "before_wait", True, at_publisher=True),
+    RouterGemm("mma16_t2c4w8u7", 9, 16, (N896, N1024), False, "before_wait", False, at_publisher=True),
 )
 # Named only: candidates while they are measured.
-ROUTER_ALTERNATIVES = ()
+ROUTER_ALTERNATIVES = (
+    RouterGemm("mma8_t2c4w8u7", 2, 8, (N128,), False, "after_x", True),
+)
 
 
 def _router_rows(table, automatic):

@@ -59,7 +59,7 @@ def test_model_configs(device, config, m):
 
 def fused_rows_gemm(x, w, top_k, n_group=1, topk_group=1):
     """The logits the router op returns: on a GPU, those of the GEMM kernel its fused row
-    runs (the GEMM op's own arithmetic but at M = 1 with N > 384 and M = 2 with N <= 256;
+    runs (the GEMM op's own arithmetic but at M = 1 with N > 384 and M = 2 with 129 <= N <= 256;
     test_fused_rows_run_the_gemm_ops_kernel); otherwise the GEMM op's."""
     row = "reference"
     if x.is_cuda:
@@ -77,7 +77,7 @@ def faster_other_kernel(m, n):
     router measured faster on it), or None."""
     if m == 1 and n > 384:
         return "mma8_t2c4w8u7"  # the tensor-core kernel of M = 2..8
-    if m == 2 and n <= 256:
+    if m == 2 and 128 < n <= 256:
         return "m2_prefetch_r4_t256"  # the M = 1 dot product's shape with two tokens
     if 9 <= m <= 16 and n > 896:
         return "mma16_t2c4w8u7"  # the GEMM op runs cuBLAS there (docs/api.md)
@@ -90,7 +90,7 @@ def test_fused_rows_run_the_gemm_ops_kernel():
     16-expert tensor-core tiles a CTA holds, may differ), so the router's logits are the GEMM
     op's, bit for bit (test_router_logits_are_the_gemm_ops checks it on the GPU); the
     exceptions run another kernel: M = 1 with more than 384 experts (the tensor-core kernel
-    of M = 2..8) and M = 2 up to 256 (the M = 1 dot product's shape with two tokens) route
+    of M = 2..8) and M = 2 from 129 to 256 (the M = 1 dot product's shape with two tokens) route
     faster on it, and at M = 9..16 above 896 experts the GEMM op runs cuBLAS."""
     def arithmetic(name):
         v = variants.variant(name)
@@ -101,7 +101,7 @@ def test_fused_rows_run_the_gemm_ops_kernel():
             return (kernel.cluster_k, kernel.warps, kernel.unroll, kernel.tokens), v.prefetch, v.pdl
         return kernel, v.m_hi, v.prefetch, v.pdl
 
-    for n in (8, 256, 384, 385, 896, 1024):
+    for n in (8, 128, 129, 256, 384, 385, 896, 1024):
         for m in range(1, 17):
             row = kimi_router_ops.chosen_router_variant(m, n, 7168, 8)
             gemm = next(r.gemm for r in variants.ROUTER_VARIANTS if r.name == row)

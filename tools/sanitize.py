@@ -9,6 +9,7 @@ plus copies; each result is checked against the CPU reference as well.
 """
 
 import argparse
+import re
 import sys
 
 import torch
@@ -37,7 +38,8 @@ NORM_SHAPES = ((1, 7168), (16, 7168), (3, 9000), (2, 7169), (5, 1), (1, 40))
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="variants whose name starts with this (\"norm\": the norm kernels)")
+    parser.add_argument("--only", default="", help="variants whose name matches this regular expression "
+                        "(\"moe_routing\", \"norm\": those kernels alone)")
     parser.add_argument("--shapes", nargs="+", help="N,K pairs instead of the full list")
     args = parser.parse_args()
     # The same inputs every run, so that a failure reproduces.
@@ -48,7 +50,7 @@ def main():
     calls = 0
     worst = 0.0
     for v in variants.VARIANTS:
-        if not v.name.startswith(args.only):
+        if not re.search(args.only, v.name):
             continue
         # Tensor-core rows: a second, partial token tile too (grid z).
         tiles = {v.kernel.tokens + 3} if isinstance(v.kernel, variants.Mma) else set()
@@ -66,7 +68,7 @@ def main():
                     worst = max(worst, err if out_dtype == torch.float32 else err / 800)
                     calls += 1
     for r in variants.ROUTER_VARIANTS:
-        if not r.name.startswith(args.only):
+        if not re.search(args.only, r.name):
             continue
         for m in sorted({r.m_lo, r.m_hi}):
             for n, k, top_k, n_group, topk_group in ROUTER_CASES:

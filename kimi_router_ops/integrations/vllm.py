@@ -1,0 +1,168 @@
+"""vLLM plugin: vLLM's MoE router GEMM and routing on kimi_router_ops' ops.
+
+    pip install "kimi_router_ops[vllm]"    # then vLLM loads the plugin in every process
+
+vLLM calls `register()` through the `vllm.general_plugins` entry point before it builds a
+model. What it replaces (each only where our op computes exactly what vLLM's code does;
+anything else runs vLLM's own code):
+
+- The router GEMM: `GateLinear` (vLLM's MoE gate layer, a PluggableLayer) is replaced
+  through vLLM's out-of-tree layer registry by `KimiGateLinear`, whose forward is
+  `ll_bf16_gemm` for every M, in the gate's `out_dtype` (fp32 or bf16), for an
+  unquantized, bias-free bf16 gate on bf16 input outside batch-invariant mode.
+- The routing: vLLM's `grouped_topk` (DeepSeek-V3 and V2 families, GroupedTopKRouter)
+  becomes `moe_routing` where the scoring is sigmoid or softmax and vLLM's group score is
+  ours: the sum of the two best with a bias (our sigmoid), the best without one (our
+  softmax), or no group dropped; `fused_topk_bias` (sigmoid routers with a bias and no
+  groups: Kimi-K2/K3, GLM-4.5, ...; FusedTopKBiasRouter) likewise. vLLM has no registry for these
+  functions, so the plugin rebinds the module attributes its routers call; a vLLM without
+  them is left alone (and the log says so).
+
+Everything around them stays vLLM's: tensor and expert parallelism, EPLB's expert mapping,
+quantized experts, padding. Switches, read when the plugin loads: KIMI_ROUTER_OPS_VLLM=0
+(nothing), KIMI_ROUTER_OPS_VLLM_GATE=0, KIMI_ROUTER_OPS_VLLM_ROUTING=0. `import
+kimi_router_ops` never imports vLLM; this module imports it inside `register()`.
+"""
+
+import importlib
+import logging
+import os
+
+import torch
+
+from .. import ops
+
+ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_VLLM", "KIMI_ROUTER_OPS_VLLM_GATE", "KIMI_ROUTER_OPS_VLLM_ROUTING"
+GATE_LAYER = "GateLinear"  # the key vLLM's PluggableLayer looks an out-of-tree class up by
+ROUTING_MODULES = {
+    "grouped_topk": "vllm.model_executor.layers.fused_moe.router.grouped_topk_router",
+    "fused_topk_bias": "vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router",
+}
+ROUTED_DTYPES = (torch.float32, torch.bfloat16)
+logger = logging.getLogger("vllm.kimi_router_ops")  # a child of vLLM's logger: vLLM's format
+_originals: dict[str, object] = {}  # what register() replaced: name -> vLLM's own
+
+
+def _enabled(name: str) -> bool:
+    return os.environ.get(name, "1") != "0"
+
+
+def register() -> list[str]:
+    """Install the replacements the switches allow; returns what was replaced. Safe to call
+    more than once (vLLM loads plugins in every process, sometimes twice)."""
+    if not _enabled(ENV_ALL):
+        logger.info("kimi_router_ops: %s=0, vLLM's router left as it is", ENV_ALL)
+        return []
+    replaced = []
+    if _enabled(ENV_GATE):
+        from vllm.model_executor.custom_op import PluggableLayer, op_registry_oot
+
+        if GATE_LAYER not in op_registry_oot:
+            PluggableLayer.register_oot(_gate_class(), name=GATE_LAYER)
+        if op_registry_oot[GATE_LAYER] is _gate_class():
+            replaced.append(f"{GATE_LAYER} (router GEMM: ll_bf16_gemm)")
+    if _enabled(ENV_ROUTING):
+        for name, module_name in ROUTING_MODULES.items():
+            module = importlib.import_module(module_name)
+            current = getattr(module, name, None)
+            if current is None:
+                logger.warning("kimi_router_ops: this vLLM has no %s.%s; not replaced", module_name, name)
+                continue
+            if name not in _originals:
+                _originals[name] = current
+                setattr(module, name, _ROUTING[name])
+            replaced.append(f"{name} (routing: moe_routing)")
+    logger.info("kimi_router_ops: replaced %s", ", ".join(replaced) or "nothing")
+    return replaced
+
+
+def unregister() -> None:
+    """Put vLLM's own gate layer and routing functions back."""
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    if op_registry_oot.get(GATE_LAYER) is _gate_class():
+        del op_registry_oot[GATE_LAYER]
+    for name, original in list(_originals.items()):
+        setattr(importlib.import_module(ROUTING_MODULES[name]), name, original)
+        del _originals[name]
+
+
+_GATE_CLASS = None
+
+
+def _gate_class():
+    """KimiGateLinear, made on first use (it subclasses vLLM's GateLinear)."""
+    global _GATE_CLASS
+    if _GATE_CLASS is None:
+        from vllm import envs
+        from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+
+        class KimiGateLinear(GateLinear):
+            """vLLM's GateLinear with `ll_bf16_gemm` as its GEMM wherever the gate is a plain
+            bf16 matrix: the same logits (fp32 sums of the exact bf16 products) in the
+            dtype vLLM asks for, for every M. The test needs no token count, so a compiled
+            graph keeps no Python branch on M."""
+
+            def forward(self, x: torch.Tensor):
+                if (self.is_unquantized and self.bias is None and not envs.VLLM_BATCH_INVARIANT
+                        and self.weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16
+                        and x.dim() == 2 and self.out_dtype in (None, *ROUTED_DTYPES)):
+                    return self._return(ops.ll_bf16_gemm(x, self.weight, self.out_dtype or torch.bfloat16))
+                return super().forward(x)
+
+        _GATE_CLASS = KimiGateLinear
+    return _GATE_CLASS
+
+
+def _group_rule_matches(scoring_func, bias, n_group, topk_group) -> bool:
+    """vLLM scores a group by the sum of its two best biased scores when there is a bias,
+    by its best score otherwise; ours by the two best with sigmoid, the best with softmax.
+    With every group kept the rule does not matter."""
+    return topk_group >= n_group or (bias is not None) == (scoring_func == "sigmoid")
+
+
+def _routes(gating_output, bias, scoring_func, top_k, n_group, topk_group) -> bool:
+    """Whether moe_routing computes what vLLM's function computes here."""
+    if scoring_func not in ("sigmoid", "softmax") or gating_output.dtype not in ROUTED_DTYPES:
+        return False
+    if gating_output.dim() != 2 or (bias is not None and bias.dtype not in ROUTED_DTYPES):
+        return False
+    n = gating_output.shape[-1]
+    if n_group < 1 or n % n_group or not 1 <= topk_group <= n_group:
+        return False
+    if n_group > 1 and scoring_func == "sigmoid" and n // n_group < 2:
+        return False
+    return 1 <= top_k <= topk_group * (n // n_group) and _group_rule_matches(scoring_func, bias, n_group, topk_group)
+
+
+def grouped_topk(hidden_states, gating_output, topk, renormalize, num_expert_group=0, topk_group=0,
+                 scoring_func="softmax", routed_scaling_factor=1.0, e_score_correction_bias=None):
+    """vLLM's grouped_topk (its signature; weights fp32, ids int32) on moe_routing."""
+    n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
+    if _routes(gating_output, e_score_correction_bias, scoring_func, topk, n_group, kept):
+        return ops.moe_routing(gating_output, e_score_correction_bias, topk, n_group, kept, renormalize,
+                               routed_scaling_factor, scoring_func)
+    return _originals["grouped_topk"](hidden_states, gating_output, topk, renormalize, num_expert_group,
+                                      topk_group, scoring_func, routed_scaling_factor, e_score_correction_bias)
+
+
+def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correction_bias, topk, renormalize,
+                    indices_type=None, input_tokens=None, hash_indices_table=None, routed_scaling_factor=1.0,
+                    bias_vl=None, image_sentinel_lo=0):
+    """vLLM's fused_topk_bias (its signature) on moe_routing, for sigmoid routers with no
+    token-hash or image routing, int32 ids and no padding rows to mask (vLLM's kernel
+    masks them when VLLM_MOE_SKIP_PADDING is on)."""
+    plain = input_tokens is None and hash_indices_table is None and bias_vl is None
+    module = importlib.import_module(ROUTING_MODULES["fused_topk_bias"])
+    if plain and scoring_func == "sigmoid" and indices_type in (None, torch.int32) \
+            and module._get_padding_mask(gating_output.shape[0]) is None \
+            and _routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1):
+        return ops.moe_routing(gating_output, e_score_correction_bias, topk, 1, 1, renormalize,
+                               routed_scaling_factor, scoring_func)
+    return _originals["fused_topk_bias"](
+        hidden_states, gating_output, scoring_func, e_score_correction_bias, topk, renormalize,
+        indices_type=indices_type, input_tokens=input_tokens, hash_indices_table=hash_indices_table,
+        routed_scaling_factor=routed_scaling_factor, bias_vl=bias_vl, image_sentinel_lo=image_sentinel_lo)
+
+
+_ROUTING = {"grouped_topk": grouped_topk, "fused_topk_bias": fused_topk_bias}

@@ -1,0 +1,220 @@
+"""kimi_router_ops.integrations.vllm against the real vLLM (0.33): the plugin loads through
+vLLM's own plugin loader, the replaced gate layer and routing functions give vLLM's
+outputs, torch.compile of the replaced gate works, the switches turn each hook off.
+
+On a machine without a GPU vLLM's compiled kernels cannot run: there the gate is compared
+with vLLM's own fallback (F.linear), grouped_topk with vLLM's torch code, and
+fused_topk_bias, whose vLLM implementation is a CUDA kernel only, with the float64 formula
+of the routers that call it (DeepseekV3TopkRouter's with one group)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (the vllm extra)")
+
+from kimi_router_ops.checks import dot_error, reference_routing  # noqa: E402
+from kimi_router_ops.integrations import vllm as kimi_vllm  # noqa: E402
+from test_moe_routing import check_routing  # noqa: E402
+from vllm.model_executor.custom_op import op_registry_oot  # noqa: E402
+from vllm.model_executor.layers.fused_moe.router import fused_topk_bias_router, grouped_topk_router  # noqa: E402
+from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear  # noqa: E402
+
+SWITCHES = (kimi_vllm.ENV_ALL, kimi_vllm.ENV_GATE, kimi_vllm.ENV_ROUTING)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_process():
+    """A one-process tensor-parallel group (vLLM's layers ask for one) and the plugin
+    registered as vLLM would, then vLLM's own code back."""
+    from vllm.distributed import parallel_state
+
+    if parallel_state._WORLD is None:
+        parallel_state.init_distributed_environment(1, 0, "tcp://127.0.0.1:29517", 0, "gloo")
+        parallel_state.ensure_model_parallel_initialized(1, 1)
+    kimi_vllm.unregister()
+    saved = {name: os.environ.pop(name, None) for name in SWITCHES}
+    kimi_vllm.register()
+    yield
+    kimi_vllm.unregister()
+    os.environ.update({k: v for k, v in saved.items() if v is not None})
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """The calls that reach our ops from the plugin (so a silent fallback cannot pass)."""
+    calls = []
+    for name in ("ll_bf16_gemm", "moe_routing"):
+        original = getattr(kimi_vllm.ops, name)
+
+        def counting(*args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(kimi_vllm.ops, name, counting)
+    return calls
+
+
+def vllm_grouped_topk(*args):
+    """vLLM's own grouped_topk, eagerly (it is wrapped in torch.compile)."""
+    original = kimi_vllm._originals["grouped_topk"]
+    return getattr(original, "_torchdynamo_orig_callable", original)(*args)
+
+
+def gate(out_dtype=torch.float32, bias=False, n=64, k=256, seed=0):
+    layer = GateLinear(k, n, bias=bias, out_dtype=out_dtype, params_dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * k ** -0.5)
+    return layer
+
+
+def test_gate_layer_is_replaced_and_gives_vllms_logits(op_calls):
+    for out_dtype in (torch.float32, torch.bfloat16, None):
+        layer = gate(out_dtype)
+        assert type(layer).__name__ == "KimiGateLinear" and isinstance(layer, GateLinear)
+        for m in (1, 5, 40, 300):
+            x = torch.randn(m, 256).to(torch.bfloat16)
+            ours, bias = layer(x)
+            theirs, _ = GateLinear.forward(layer, x)  # vLLM's own tiers (here: F.linear)
+            assert bias is None and ours.dtype == theirs.dtype == (out_dtype or torch.bfloat16)
+            assert ours.shape == theirs.shape == (m, 64)
+            if ours.dtype == torch.float32:
+                assert dot_error(ours, x, layer.weight) <= 1e-5  # fp32 sums of the exact products
+                # vLLM's fallback rounds to bf16 before widening: within one bf16 ulp of ours.
+                torch.testing.assert_close(theirs, ours, rtol=2 ** -7, atol=1e-6)
+            else:
+                torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 ** -7, atol=1e-6)
+    assert op_calls == ["ll_bf16_gemm"] * 12
+
+
+def test_gate_with_a_bias_or_fp32_input_keeps_vllms_forward(op_calls):
+    layer = gate(bias=True)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    assert torch.equal(layer(x)[0], GateLinear.forward(layer, x)[0])
+    layer = gate()
+    assert torch.equal(layer(x.float())[0], GateLinear.forward(layer, x.float())[0])
+    assert op_calls == []
+
+
+def test_compiled_gate_matches_eager(op_calls):
+    torch._dynamo.reset()
+    layer = gate()
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    for m in (1, 3, 8, 33):
+        x = torch.randn(m, 256).to(torch.bfloat16)
+        assert torch.equal(compiled(x)[0], layer(x)[0])
+    assert op_calls
+
+
+# (N, top_k, num_expert_group, topk_group, scoring_func, bias, renormalize, routed_scaling_factor)
+GROUPED = {
+    "deepseek-v3": (256, 8, 8, 4, "sigmoid", True, True, 2.5),
+    "deepseek-v2": (160, 6, 8, 3, "softmax", False, False, 16.0),
+    "all groups kept": (64, 6, 4, 4, "sigmoid", True, True, 1.0),
+}
+
+
+@pytest.mark.parametrize("config", list(GROUPED))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_topk_gives_vllms_routing(config, dtype, op_calls):
+    n, top_k, n_group, topk_group, scoring, has_bias, renormalize, scale = GROUPED[config]
+    g = torch.Generator().manual_seed(n)
+    logits = (torch.randn(40, n, generator=g) * 2).to(dtype)
+    bias = torch.randn(n, generator=g) * 0.1 if has_bias else None
+    args = (logits, logits, top_k, renormalize, n_group, topk_group, scoring, scale, bias)
+    weights, ids = grouped_topk_router.grouped_topk(*args)  # what GroupedTopKRouter calls
+    assert op_calls == ["moe_routing"]
+    theirs_w, theirs_ids = vllm_grouped_topk(*args)
+    assert (weights.dtype, ids.dtype) == (theirs_w.dtype, theirs_ids.dtype) == (torch.float32, torch.int32)
+    # vLLM's output in the float64 reference's form: the same experts and weights.
+    ours_ref = reference_routing(logits, bias, top_k, n_group, topk_group, renormalize, scale, scoring)
+    check_routing(weights, ids, logits, bias, top_k, topk_group, ours_ref, scoring)
+    check_routing(theirs_w, theirs_ids, logits, bias, top_k, topk_group, ours_ref, scoring)
+
+
+def test_grouped_topk_where_the_group_rules_differ_keeps_vllms(op_calls):
+    """Sigmoid without a bias: vLLM scores a group by its best, our sigmoid by its two best."""
+    logits = torch.randn(5, 64)
+    args = (logits, logits, 4, True, 8, 2, "sigmoid", 1.0, None)
+    for a, b in zip(grouped_topk_router.grouped_topk(*args), vllm_grouped_topk(*args)):
+        assert torch.equal(a, b)
+    assert op_calls == []
+
+
+@pytest.mark.parametrize("n, top_k, scale", [(384, 8, 2.827), (896, 16, 1.0), (160, 8, 2.5)])
+def test_fused_topk_bias_is_the_biased_sigmoid_routing(n, top_k, scale, op_calls):
+    """Kimi-K2, Kimi-K3 and GLM-4.5 shapes: FusedTopKBiasRouter's function."""
+    g = torch.Generator().manual_seed(n)
+    logits, bias = torch.randn(33, n, generator=g) * 2, torch.randn(n, generator=g) * 0.1
+    weights, ids = fused_topk_bias_router.fused_topk_bias(
+        logits, logits, "sigmoid", bias, top_k, True, routed_scaling_factor=scale)
+    assert op_calls == ["moe_routing"]
+    check_routing(weights, ids, logits, bias, top_k, 1,
+                  reference_routing(logits, bias, top_k, 1, 1, True, scale))
+
+
+def test_fused_topk_bias_with_token_hashes_keeps_vllms(monkeypatch, op_calls):
+    seen = []
+    monkeypatch.setitem(kimi_vllm._originals, "fused_topk_bias", lambda *a, **k: seen.append(k) or "vllm")
+    logits = torch.randn(2, 64)
+    hashes = torch.zeros(10, 6, dtype=torch.int32)
+    assert fused_topk_bias_router.fused_topk_bias(
+        logits, logits, "sigmoid", torch.zeros(64), 6, True, input_tokens=torch.zeros(2, dtype=torch.long),
+        hash_indices_table=hashes) == "vllm"
+    assert fused_topk_bias_router.fused_topk_bias(logits, logits, "softmax", torch.zeros(64), 6, True) == "vllm"
+    assert len(seen) == 2 and op_calls == []
+
+
+def test_switches_turn_each_hook_off(monkeypatch):
+    try:
+        for switch, gate_replaced, routing_replaced in [
+            (kimi_vllm.ENV_GATE, False, True), (kimi_vllm.ENV_ROUTING, True, False), (kimi_vllm.ENV_ALL, False, False),
+        ]:
+            kimi_vllm.unregister()
+            monkeypatch.setenv(switch, "0")
+            kimi_vllm.register()
+            monkeypatch.delenv(switch)
+            assert (op_registry_oot.get("GateLinear") is not None) == gate_replaced, switch
+            assert (grouped_topk_router.grouped_topk is kimi_vllm.grouped_topk) == routing_replaced, switch
+            assert (fused_topk_bias_router.fused_topk_bias is kimi_vllm.fused_topk_bias) == routing_replaced, switch
+            assert type(gate()).__name__ == ("KimiGateLinear" if gate_replaced else "GateLinear")
+    finally:
+        kimi_vllm.unregister()
+        kimi_vllm.register()
+
+
+def test_register_twice_replaces_once():
+    first = kimi_vllm.register()
+    assert kimi_vllm.register() == first and len(first) == 3
+    assert kimi_vllm._originals["grouped_topk"] is not kimi_vllm.grouped_topk
+
+
+def test_plugin_loads_through_vllms_loader():
+    """vLLM's loader finds the entry point of the installed package and registers it; with
+    KIMI_ROUTER_OPS_VLLM=0 it replaces nothing. (Two fresh processes, run side by side.)"""
+    code = (
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "from vllm.model_executor.custom_op import op_registry_oot\n"
+        "from vllm.model_executor.layers.fused_moe.router import grouped_topk_router as g\n"
+        "layer = op_registry_oot.get('GateLinear')\n"
+        "print('gate', getattr(layer, '__name__', None), 'routing', g.grouped_topk.__module__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    runs = [subprocess.Popen([sys.executable, "-c", code], env={**env, **extra}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+            for extra in ({}, {kimi_vllm.ENV_ALL: "0"})]
+    (on, _), (off, _) = (run.communicate(timeout=600) for run in runs)
+    assert runs[0].returncode == 0 and "gate KimiGateLinear routing kimi_router_ops.integrations.vllm" in on, on[-3000:]
+    assert "kimi_router_ops: replaced GateLinear" in on, on[-3000:]
+    assert runs[1].returncode == 0 and "gate None routing vllm." in off, off[-3000:]
+
+
+def test_importing_the_package_does_not_import_vllm():
+    code = ("import sys, kimi_router_ops, kimi_router_ops.integrations.vllm\n"
+            "assert 'vllm' not in sys.modules\nprint('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
