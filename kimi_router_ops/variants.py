@@ -240,17 +240,16 @@ ROUTER_GEMMS = (
     RouterGemm("m1_prefetch_r4_t256", 1, 1, (N384,), True, "after_x", True),
     RouterGemm("m2_prefetch_r4_t256", 2, 2, (N256,), True, "before_wait", True),
     RouterGemm("mma8_t2c4w8u7", 1, 8, (N896, N1024), False, "before_wait", False),
+    RouterGemm("mma8_t2c4w8u7", 2, 8, (N128,), False, "after_x", True),
     RouterGemm("mma8_t2c4w8u7", 2, 4, (N256,), False, "before_wait", True, at_publisher=True),
     RouterGemm("mma8_t2c4w8u7", 5, 8, (N256,), False, "after_x", True),
-    RouterGemm("mma8_t1c4w8u7", 2, 8, (N128, N384), False, "at_entry", False),
+    RouterGemm("mma8_t1c4w8u7", 2, 8, (N384,), False, "at_entry", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, (N128, N256), False, "after_x", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, (N384,), False, "before_wait", True, at_publisher=True),
     RouterGemm("mma16_t2c4w8u7", 9, 16, (N896, N1024), False, "before_wait", False, at_publisher=True),
 )
 # Named only: candidates while they are measured.
-ROUTER_ALTERNATIVES = (
-    RouterGemm("mma8_t2c4w8u7", 2, 8, (N128,), False, "after_x", True),
-)
+ROUTER_ALTERNATIVES = ()
 
 
 def _router_rows(table, automatic):

@@ -43,6 +43,7 @@ for step in "$@"; do
       # over 7 minutes, so it takes one shape per tail kind (K tail, N tail, odd K, real).
       for tool in memcheck racecheck synccheck initcheck; do
         shapes=(); [ $tool = racecheck ] && shapes=(--shapes 17,40 895,1000 3,7169 896,7168)
+        [ -n "${KIMI_SANITIZE_ONLY:-}" ] && shapes+=(--only "$KIMI_SANITIZE_ONLY")
         # Each tool's whole log comes back in $out: a failure is read there, not guessed.
         log="$out/sanitize-$tool.log"
         ( compute-sanitizer --tool $tool --error-exitcode 9 python3 tools/sanitize.py "${shapes[@]}" >"$log" 2>&1
