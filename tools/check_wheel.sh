@@ -2,8 +2,9 @@
 # One wheel for every supported torch: build the wheel of the current tree once (with the
 # active environment's torch), then install that same file into a fresh virtual environment
 # per torch version below, next to nothing of ours (no nvidia-cutlass-dsl, no compiler
-# needed), and run the CPU tests of every op from there. Run it where the package's own
-# build works (after the README's install command); CI does.
+# needed), and run the CPU tests of every op from there; with vLLM's torch pin, vLLM itself
+# too, and the plugin's tests against it. Run it where the package's own build works (after
+# the README's install command); CI does.
 #   KIMI_WHEEL_TORCH="2.14.0 2.10.0" tools/check_wheel.sh    # other versions
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,8 +13,9 @@ repo=$PWD
 # MIN_TORCH) and the newest release.
 read -r -a versions <<<"${KIMI_WHEEL_TORCH:-2.14.0 2.14.1 2.11.0 2.10.0 2.15.0}"
 oldest=2.10.0  # also built from source against it
-tests=(test_op.py test_router.py test_moe_routing.py test_rms_norm.py test_errors.py
-       test_layouts.py test_stable_abi.py)
+vllm_torch=2.14.0 vllm=0.33.0  # that venv gets vLLM (pyproject's vllm extra) and its tests
+tests=(test_op.py test_router.py test_moe_routing.py test_softmax_routing.py test_rms_norm.py
+       test_errors.py test_layouts.py test_stable_abi.py)
 
 rm -rf dist
 python3 -m pip wheel --no-build-isolation --no-deps -w dist . >/tmp/kimi-wheel.log 2>&1 \
@@ -35,8 +37,10 @@ for version in "${versions[@]}"; do
   venv=$scratch/torch-$version
   "$uv" venv -q --python "$(command -v python3)" "$venv"
   # setuptools: torch 2.10's inductor (the compile tests) needs it and does not require it.
-  "$uv" pip install -q --python "$venv/bin/python" "torch==$version" setuptools pytest hypothesis \
-    numpy "$wheel"
+  extra=(); venv_tests=("${tests[@]}")
+  [ "$version" = "$vllm_torch" ] && extra=("vllm==$vllm") && venv_tests+=(test_vllm_integration.py)
+  "$uv" pip install -q --python "$venv/bin/python" "torch==$version" "${extra[@]}" setuptools pytest \
+    hypothesis numpy "$wheel"
   (cd "$venv" && "$venv/bin/python" - <<'PY'
 import importlib.util
 
@@ -51,10 +55,12 @@ print(f"torch {torch.__version__}: {len(kimi_router_ops.compiled_kernels())} CUD
 PY
   )
   # From the venv's directory, so that the installed package is the one imported.
-  (cd "$venv" && "$venv/bin/python" -m pytest -q -rfE -p no:cacheprovider \
-     "${tests[@]/#/$repo/tests/}" >"$scratch/pytest.log" 2>&1) \
+  (cd "$venv" && "$venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider \
+     "${venv_tests[@]/#/$repo/tests/}" >"$scratch/pytest.log" 2>&1) \
     || { grep -E "^(FAILED|ERROR)|^E  " "$scratch/pytest.log" | head -60; tail -1 "$scratch/pytest.log"; exit 1; }
   tail -1 "$scratch/pytest.log"
+  grep -q "test_vllm_integration.*SKIPPED\|vLLM is not installed" "$scratch/pytest.log" \
+    && { echo "the vLLM tests skipped in the vLLM venv"; exit 1; }
   if [ "$version" = "$oldest" ] && [ -e build/aot/kimi_kernels.h ]; then
     # Building from source works with the oldest torch too (its headers have less of the
     # stable API): _C from a copy of the sources, with this build's kernel objects.
