@@ -210,6 +210,8 @@ def test_plugin_loads_through_vllms_loader():
     """vLLM's loader finds the entry point of the installed package and registers it; with
     KIMI_ROUTER_OPS_VLLM=0 it replaces nothing. (Two fresh processes, run side by side.)"""
     code = (
+        "import logging\n"
+        "logging.basicConfig(level=logging.INFO)  # a vLLM engine configures its logger before this\n"
         "from vllm.plugins import load_general_plugins\n"
         "load_general_plugins()\n"
         "from vllm.model_executor.custom_op import op_registry_oot\n"
