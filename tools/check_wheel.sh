@@ -9,10 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-# vLLM 0.33's pin (with vLLM), the oldest supported (setup.py's MIN_TORCH) and the newest
-# release. (The build's own torch runs the whole suite before this; the H200 machine's,
-# 2.11, runs the CUDA suite there: docs/reliability.md.)
-read -r -a versions <<<"${KIMI_WHEEL_TORCH:-2.14.0 2.10.0 2.15.0}"
+# vLLM 0.33's pin (with vLLM), the build's own, the H200 machine's, the oldest supported
+# (setup.py's MIN_TORCH) and the newest release.
+read -r -a versions <<<"${KIMI_WHEEL_TORCH:-2.14.0 2.14.1 2.11.0 2.10.0 2.15.0}"
 oldest=2.10.0  # also built from source against it
 vllm_torch=2.14.0 vllm=0.33.0  # that venv gets vLLM (pyproject's vllm extra) and its tests
 tests=(test_op.py test_router.py test_moe_routing.py test_softmax_routing.py test_rms_norm.py
