@@ -41,6 +41,7 @@ ROUTING_MODULES = {
 ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 logger = logging.getLogger("vllm.kimi_router_ops")  # a child of vLLM's logger: vLLM's format
 _originals: dict[str, object] = {}  # what register() replaced: name -> vLLM's own
+_padding_mask = None  # vLLM's fused_topk_bias_router._get_padding_mask, kept by register()
 
 
 def _enabled(name: str) -> bool:
@@ -71,6 +72,9 @@ def register() -> list[str]:
             if name not in _originals:
                 _originals[name] = current
                 setattr(module, name, _ROUTING[name])
+            if name == "fused_topk_bias":
+                global _padding_mask
+                _padding_mask = module._get_padding_mask
             replaced.append(f"{name} (routing: moe_routing)")
     logger.info("kimi_router_ops: replaced %s", ", ".join(replaced) or "nothing")
     return replaced
@@ -153,9 +157,8 @@ def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correcti
     token-hash or image routing, int32 ids and no padding rows to mask (vLLM's kernel
     masks them when VLLM_MOE_SKIP_PADDING is on)."""
     plain = input_tokens is None and hash_indices_table is None and bias_vl is None
-    module = importlib.import_module(ROUTING_MODULES["fused_topk_bias"])
     if plain and scoring_func == "sigmoid" and indices_type in (None, torch.int32) \
-            and module._get_padding_mask(gating_output.shape[0]) is None \
+            and _padding_mask(gating_output.shape[0]) is None \
             and _routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1):
         return ops.moe_routing(gating_output, e_score_correction_bias, topk, 1, 1, renormalize,
                                routed_scaling_factor, scoring_func)
