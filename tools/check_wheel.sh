@@ -24,8 +24,8 @@ wheel=$(ls "$repo"/dist/kimi_router_ops-*.whl)
 echo "built $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
 
 # The venvs are made by uv: it installs a torch with its gigabytes of CUDA libraries in
-# seconds, linking files that two torch releases share from one cache, and it reads no pip
-# configuration (this machine's caps torch below the newest release).
+# seconds, and it reads no pip configuration (this machine's caps torch below the newest
+# release).
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT  # a venv with torch is gigabytes: never leave one behind
 python3 -m venv "$scratch/uv"
@@ -83,6 +83,7 @@ PY
        "$repo/tests/test_op.py" 2>&1 | tail -1 | sed "s/^/  built from source with torch $version: /")
     rm -rf "$src"
   fi
-  rm -rf "$venv"
+  # A venv and its downloads are gigabytes each (vLLM's over 10): one at a time on disk.
+  rm -rf "$venv" "$UV_CACHE_DIR"
   echo "  (torch $version: $((SECONDS - start)) s)"
 done
