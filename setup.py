@@ -67,7 +67,7 @@ def extension():
     variants.write_variant_table_header(str(generated / "kimi_variant_table.h"))
     # relative to setup.py
     sources = ["csrc/torch_stable.cpp", "csrc/ll_bf16_gemm.cpp", "csrc/ll_bf16_router.cpp",
-               "csrc/moe_routing.cpp", "csrc/rms_norm.cpp"]
+               "csrc/moe_routing.cpp", "csrc/rms_norm.cpp", "csrc/attn_res.cpp"]
     include_dirs = [str(ROOT / "csrc"), str(generated)]
     cxx_flags = ["-O2", "-g0", TARGET_VERSION]  # -g0: no debug info, _C is a third of the size
     # Only libraries whose symbols _C uses become dependencies (torch's stable C shims).

@@ -15,6 +15,13 @@ struct TensorArg {
   int64_t strides[1];
 };
 
+// A rank-3 tensor argument (AttnRes's blocks [M, R, H]): three sizes, two outer strides.
+struct Tensor3Arg {
+  void* data;
+  int32_t shapes[3];
+  int64_t strides[2];
+};
+
 using LaunchFn = int32_t (*)(TensorArg* x, TensorArg* w, TensorArg* out, cudaStream_t stream);
 using ModuleFn = void (*)(void** args);
 
@@ -87,6 +94,26 @@ struct CompiledNormKernel {
   ModuleFn init;
   ModuleFn load_to_device;
   NormLaunchFn launch;
+};
+
+// Kimi-K3's AttnRes (kernels/attn_res.py): prefix, delta, out [M, H]; the weights [1, H];
+// blocks [M, R, H]. Without a delta, prefix stands in for it (unread); without an output
+// norm weight, norm_weight does.
+struct AttnResArgs {
+  TensorArg prefix, delta, norm_weight, qk_weight, output_norm_weight, out;
+  Tensor3Arg blocks;
+  int32_t num_blocks, block_write_idx, has_delta, has_output_norm;
+  float eps, output_norm_eps;
+};
+
+using AttnResLaunchFn = int32_t (*)(AttnResArgs* args, cudaStream_t stream);
+
+struct CompiledAttnResKernel {
+  const char* symbol;
+  int sm;
+  ModuleFn init;
+  ModuleFn load_to_device;
+  AttnResLaunchFn launch;
 };
 
 }  // namespace kimi

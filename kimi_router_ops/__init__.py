@@ -17,6 +17,7 @@ torch.ops.load_library(Path(__file__).with_name("_C.abi3.so"))
 
 from . import ops  # noqa: E402  (fake kernels, the derivative)
 from .ops import (
+    attn_res,
     chosen_router_variant,
     chosen_variant,
     compiled_kernels,
@@ -32,6 +33,7 @@ from .router_linear import RouterLinear
 
 __all__ = [
     "RouterLinear",
+    "attn_res",
     "chosen_router_variant",
     "chosen_variant",
     "compiled_kernels",

@@ -1,142 +1,141 @@
-"""python -m kimi_router_ops.bench_chain: producer -> router latency, the case PDL is for.
+"""python -m kimi_router_ops.bench_chain: the router behind its producer, as a model runs it.
 
-The producer is the library's own `rms_norm` (PDL-launched: it lets its dependents launch at
-entry and waits before reading x). The router follows it on the same stream, so a PDL
-router launches while the norm runs and a prefetching one is already loading its weights.
-One CUDA graph holds one (norm, router) pair per distinct weight copy (cold L2); each
-result is the median time per pair. For each router kernel this reports the router alone,
-the pair, and the overlap (norm alone + router alone - pair). Routers: the automatic choice
-(prefetch), the M = 1 prefetch windows of 1, 2, 4 and 8 of its 16 loads per thread, no
-prefetch, PDL off, and cuBLAS; the baseline is what a user has today: F.rms_norm, then
-torch.mm with fp32 output. Last, the producer alone against F.rms_norm for M = 1..16.
+In a decode step the router follows a producer (an RMSNorm, or Kimi-K3's AttnRes) through
+PDL, and the producer follows the rest of the layer, whose last kernel does not release it
+early. So each (producer, consumer) pair is timed two ways, in CUDA graphs of one pair per
+weight copy (cold weights and biases):
+- after the layer: a non-PDL kernel (an elementwise op over LAYER_MIB, about 25 us, which also
+  evicts L2) before each pair; the pair's time is the graph's minus that of the layer
+  kernels alone;
+- back to back: pair after pair, each launch overlapping the one before it.
+Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_res` with 2 and
+8 blocks (3 and 9 sources, a delta, the output norm: Kimi-K3's pre-MoE call). Consumers:
+`ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists),
+`ll_bf16_router`, and `ll_bf16_gemm` then `moe_routing`. Writes <out>/chain.json, chain.md.
 """
 
 import argparse
 import datetime
 
 import torch
-import torch.nn.functional as F
 
 import kimi_router_ops
-from kimi_router_ops.bench import SHAPES, git_commit, parse_bench_args, save_report
+from kimi_router_ops.bench import git_commit, parse_bench_args, save_report
+from kimi_router_ops.bench_router import CONFIGS
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
 EPS = 1e-6
-NO_PREFETCH = {1: "m1_r4_t256", 2: "mma8_t2c4w8u7_noprefetch", 4: "mma8_t2c4w8u7_noprefetch"}
+LAYER_MIB = 48
+SHAPES = ("kimi-k3", "kimi-k2", "deepseek-v3")
+M_LIST = (1, 2, 4, 8, 16)
+# The same GEMM without its weight loads before the PDL wait (kimi_router_ops/variants.py).
+NO_PREFETCH = {1: "m1_r4_t256", 2: "mma8_t2c4w8u7_noprefetch", 4: "mma8_t2c4w8u7_noprefetch",
+               8: "mma8_t2c4w8u7_noprefetch"}
+AFTER_LAYER_PAIRS = 12  # pairs in a graph after the layer (fewer copies suffice: the layer evicts L2)
 
 
-def routers(m):
-    """name -> router(hidden, w) for M = m."""
-    named = lambda v: lambda h, w: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, v)  # noqa: E731
-    out = {"prefetch (auto)": lambda h, w: kimi_router_ops.ll_bf16_gemm(h, w)}
-    if m == 1:
-        out.update({f"window {n}": named(f"m1_prefetch_r4_t256_w{n}") for n in (1, 2, 4, 8)})
-    out["no prefetch"] = named(NO_PREFETCH[m])
-    if m == 1:
-        out["PDL off"] = named("m1_r4_t256_nopdl")
-    out["cuBLAS"] = lambda h, w: torch.mm(h, w.t(), out_dtype=torch.float32)
+def producers(m, k):
+    """name -> thunk returning the hidden states [m, k] (None: the consumer alone, on a
+    fixed input)."""
+    bf = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
+    x, residual = bf(m, k), bf(m, k)
+    gamma = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
+    out = {
+        "none": None,
+        "rms_norm": lambda: kimi_router_ops.rms_norm(x, gamma, EPS),
+        "fused_add_rms_norm": lambda: kimi_router_ops.fused_add_rms_norm(x, residual, gamma, EPS)[0],
+    }
+    for nb in (2, 8):
+        # prefix grows by delta at every call (a random walk: finite for far more replays than run).
+        prefix, delta, blocks = bf(m, k), bf(m, k) * 1e-3, bf(m, nb, k)
+        qk = bf(k) * 0.05
+        out[f"attn_res nb={nb}"] = (
+            lambda prefix=prefix, delta=delta, blocks=blocks, qk=qk, nb=nb:
+            kimi_router_ops.attn_res(prefix, delta, blocks, gamma, qk, gamma, nb, -1, EPS, EPS)
+        )
+    return out
+
+
+def consumers(m, config):
+    """name -> fn(hidden, weight, bias) for the router configuration."""
+    _, _, top_k, n_group, topk_group, scale, scoring = config
+    routing = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, routed_scaling_factor=scale,
+                   scoring=scoring)
+    out = {"ll_bf16_gemm": lambda h, w, b: kimi_router_ops.ll_bf16_gemm(h, w)}
+    if m in NO_PREFETCH:
+        out["gemm, no prefetch"] = lambda h, w, b: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, NO_PREFETCH[m])
+    out["ll_bf16_router"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, b, **routing)
+    out["gemm + moe_routing"] = lambda h, w, b: kimi_router_ops.moe_routing(
+        kimi_router_ops.ll_bf16_gemm(h, w), b, **routing)
     return out
 
 
 def run(shapes, m_list, replays):
+    layer_data = torch.ones(LAYER_MIB * 2**20 // 2, device="cuda", dtype=torch.bfloat16)
+    layer = lambda: layer_data.mul_(1.0)  # noqa: E731  (a plain ATen kernel: no PDL)
+    layer_us = graph_time_us([layer] * AFTER_LAYER_PAIRS, replays=replays)
+
+    def after_layer_us(thunks):
+        """Per thunk, each behind a layer kernel: the graph's time less the layers'."""
+        calls = [f for thunk in thunks for f in (layer, thunk)]
+        return round(graph_time_us(calls, replays=replays) * 2 - layer_us, 3)
+
     results = []
     for shape in shapes:
-        n, k = SHAPES[shape]
+        k, n = CONFIGS[shape][:2]
         weights = weight_copies(n, k, 3 * l2_bytes())
+        biases = [torch.randn(n, device="cuda") * 0.1 for _ in weights]
         for m in m_list:
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            gamma = torch.rand(k, device="cuda").to(torch.bfloat16)
-            hidden = kimi_router_ops.rms_norm(x, gamma, EPS)
-            ref = hidden.double() @ weights[0].double().t()
-            row = {"shape": shape, "M": m}
-
-            def timed(calls):
-                return round(graph_time_us(calls, replays=replays), 3)
-
-            row["norm alone"] = timed([lambda: kimi_router_ops.rms_norm(x, gamma, EPS)] * len(weights))
-            row["F.rms_norm alone"] = timed([lambda: F.rms_norm(x, (k,), gamma, EPS)] * len(weights))
-            row["baseline pair"] = timed(
-                [lambda w=w: torch.mm(F.rms_norm(x, (k,), gamma, EPS), w.t(), out_dtype=torch.float32) for w in weights]
-            )
-            for name, router in routers(m).items():
-                err = ((router(hidden, weights[0]).double() - ref).norm() / ref.norm()).item()
-                assert err < 1e-5, (name, err)
-                alone = timed([lambda w=w, r=router: r(hidden, w) for w in weights])
-                pair = timed([lambda w=w, r=router: r(kimi_router_ops.rms_norm(x, gamma, EPS), w) for w in weights])
-                row[name] = {"alone": alone, "pair": pair,
-                             "overlap": round(row["norm alone"] + alone - pair, 3)}
-            results.append(row)
+            for producer_name, produce in producers(m, k).items():
+                hidden = produce() if produce else torch.randn(m, k, device="cuda").to(torch.bfloat16)
+                for consumer_name, consume in consumers(m, CONFIGS[shape]).items():
+                    calls = [lambda w=w, b=b, c=consume, p=produce: c(p() if p else hidden, w, b)
+                             for w, b in zip(weights, biases)]
+                    results.append({
+                        "shape": shape, "M": m, "producer": producer_name, "consumer": consumer_name,
+                        "after_layer": after_layer_us(calls[:AFTER_LAYER_PAIRS]),
+                        "back_to_back": round(graph_time_us(calls, replays=replays), 3),
+                    })
+                if produce:  # the producer alone, both ways
+                    results.append({
+                        "shape": shape, "M": m, "producer": producer_name, "consumer": "none",
+                        "after_layer": after_layer_us([produce] * AFTER_LAYER_PAIRS),
+                        "back_to_back": round(graph_time_us([produce] * len(weights), replays=replays), 3),
+                    })
         del weights
-    return results
-
-
-def run_norms(k, m_list, replays):
-    """The producer alone against F.rms_norm (what a model runs without the library)."""
-    rows = []
-    for m in m_list:
-        x, residual = (torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(2))
-        gamma = torch.rand(k, device="cuda").to(torch.bfloat16)
-        rows.append({"M": m, **{
-            name: round(graph_time_us([fn] * 8, replays=replays), 3) for name, fn in {
-                "rms_norm": lambda: kimi_router_ops.rms_norm(x, gamma, EPS),
-                "fused_add_rms_norm": lambda: kimi_router_ops.fused_add_rms_norm(x, residual, gamma, EPS),
-                "F.rms_norm": lambda: F.rms_norm(x, (k,), gamma, EPS),
-                "add + F.rms_norm": lambda: F.rms_norm(x + residual, (k,), gamma, EPS),
-            }.items()
-        }})
-    return rows
-
-
-def norm_markdown(rows, k):
-    names = [n for n in rows[0] if n != "M"]
-    lines = [f"The producer alone, [M, {k}], us:", "", "| M | " + " | ".join(names) + " | F.rms_norm / rms_norm |",
-             "|---" * (len(names) + 2) + "|"]
-    for r in rows:
-        lines.append(f"| {r['M']} | " + " | ".join(f"{r[n]:.2f}" for n in names) + f" | {r['F.rms_norm'] / r['rms_norm']:.2f}x |")
-    return "\n".join(lines) + "\n"
+    return results, layer_us
 
 
 def markdown(report):
     lines = [
         f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: "
-        "kimi rms_norm -> router, us (median of graph replays, cold L2); each router cell is "
-        "pair (router alone, overlap)",
-        "",
+        f"us per (producer, consumer) pair, median of CUDA-graph replays, cold weights; each cell "
+        f"is after the layer (back to back). The layer kernel: {report['layer_us']:.1f} us.",
     ]
-    for m in dict.fromkeys(r["M"] for r in report["results"]):
-        rows = [r for r in report["results"] if r["M"] == m]
-        names = [k for k in rows[0] if isinstance(rows[0][k], dict)]
-        lines += [
-            f"M = {m}:",
-            "",
-            "| shape | norm alone | F.rms_norm alone | " + " | ".join(names)
-            + " | F.rms_norm -> torch.mm | prefetch vs no prefetch | pair - router alone | baseline / pair |",
-            "|---" * (len(names) + 7) + "|",
-        ]
-        for r in rows:
-            auto, plain = r["prefetch (auto)"], r["no prefetch"]
-            cells = [f"{r[n]['pair']:.2f} ({r[n]['alone']:.2f}, {r[n]['overlap']:+.2f})" for n in names]
-            lines.append(
-                f"| {r['shape']} | {r['norm alone']:.2f} | {r['F.rms_norm alone']:.2f} | " + " | ".join(cells)
-                + f" | {r['baseline pair']:.2f} | {auto['pair'] / plain['pair'] - 1:+.1%}"
-                + f" | {auto['pair'] - auto['alone']:+.2f} | {r['baseline pair'] / auto['pair']:.2f}x |"
-            )
-        lines.append("")
-    if report.get("norms"):
-        lines.append(norm_markdown(report["norms"], SHAPES["kimi-k3"][1]))
-    return "\n".join(lines)
+    results = report["results"]
+    m_list = list(dict.fromkeys(r["M"] for r in results))
+    for shape in dict.fromkeys(r["shape"] for r in results):
+        lines += ["", f"{shape}:", "", "| producer | consumer | " + " | ".join(f"M = {m}" for m in m_list) + " |",
+                  "|---" * (2 + len(m_list)) + "|"]
+        rows = [r for r in results if r["shape"] == shape]
+        for key in dict.fromkeys((r["producer"], r["consumer"]) for r in rows):
+            cells = {r["M"]: r for r in rows if (r["producer"], r["consumer"]) == key}
+            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
+                f"{cells[m]['after_layer']:.2f} ({cells[m]['back_to_back']:.2f})" if m in cells else ""
+                for m in m_list) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4], choices=sorted(NO_PREFETCH))
+    parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
     args = parse_bench_args(parser)
+    results, layer_us = run(args.shapes, args.m, args.replays)
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "results": run(args.shapes, args.m, args.replays),
-        "norms": run_norms(SHAPES["kimi-k3"][1], range(1, 17), args.replays),
+        "layer_us": round(layer_us, 3), "results": results,
     }
     save_report(args.out, "chain", report, markdown(report))
 

@@ -378,6 +378,39 @@ def _fused_add_rms_norm_fake(x, residual, weight, eps):
     return out, torch.empty_like(out)
 
 
+def attn_res(
+    prefix: Tensor,
+    delta: Tensor | None,
+    blocks: Tensor,
+    norm_weight: Tensor,
+    qk_weight: Tensor,
+    output_norm_weight: Tensor | None,
+    num_blocks: int,
+    block_write_idx: int,
+    eps: float,
+    output_norm_eps: float,
+) -> Tensor:
+    """Kimi-K3's attention residual, vLLM 0.33's `attn_res` with the same arguments in the
+    same order: p = bf16(prefix + delta) (prefix without a delta) is written into `prefix`
+    (with a delta) and `blocks[:, block_write_idx]` (when >= 0); the sources
+    blocks[:, :num_blocks] and p are mixed by a softmax over their normalized projections on
+    norm_weight * qk_weight, then RMS-normed by output_norm_weight (if given). Returns a new
+    bf16 [M, H]. prefix [M, H], delta [M, H] or None, blocks [M, R, H], all bf16 with a
+    contiguous last dimension; the weights bf16 [H]. docs/api.md has the formula."""
+    return torch.ops.kimi.attn_res.default(
+        prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+        block_write_idx, eps, output_norm_eps,
+    )
+
+
+@torch.library.register_fake("kimi::attn_res")
+def _attn_res_fake(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                   block_write_idx, eps, output_norm_eps):
+    # The shape and dtype only; the op checks its inputs when it runs (csrc/attn_res.cpp).
+    torch._check(prefix.dim() == 2, lambda: f"attn_res: prefix must be 2-D [M, H], got shape {list(prefix.shape)}")
+    return torch.empty_like(prefix, memory_format=torch.contiguous_format)
+
+
 @torch.library.register_fake("kimi::ll_bf16_router_with_variant")
 def _ll_bf16_router_with_variant_fake(
     hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
@@ -419,5 +452,6 @@ for _op in (
     "moe_routing",
     "rms_norm",
     "fused_add_rms_norm",
+    "attn_res",
 ):
     _autograd_lib.impl(_op, torch.library.fallthrough_kernel, "Autograd")

@@ -290,6 +290,30 @@ class NormKernel:
 NORM_KERNELS = tuple(NormKernel(op, vec) for op in ("rms_norm", "fused_add_rms_norm") for vec in (8, 1))
 
 
+@dataclass(frozen=True)
+class AttnResKernel:
+    """Kimi-K3's AttnRes producer (kernels/attn_res.py): one token over a cluster of
+    `cluster` CTAs of `threads` threads, one 16-byte vector of the hidden size a thread (so
+    H <= cluster * threads * 8), up to `max_blocks` block sources besides the prefix (a lane
+    of the cross-CTA exchange holds one of the 2 * (max_blocks + 1) per-source sums)."""
+
+    cluster: int = 8
+    threads: int = 128
+    max_blocks: int = 15
+
+    @property
+    def max_hidden(self) -> int:
+        return self.cluster * self.threads * 8
+
+
+ATTN_RES_KERNEL = AttnResKernel()
+
+
+def attn_res_kernel_symbol(arch: str) -> str:
+    """e.g. kimi_attn_res_sm_90a."""
+    return f"kimi_attn_res_{arch}"
+
+
 # The router's top_k ids are spread over the lanes of a warp, its group scores too.
 ROUTER_MAX_TOP_K = 32
 ROUTER_MAX_GROUPS = 32
@@ -407,6 +431,8 @@ def write_variant_table_header(path: str) -> None:
         f"inline constexpr int kRouterMaxM = {max(r.m_hi for r in ROUTER_VARIANTS)};\n"
         f"inline constexpr int kRouterMaxN = {max(r.n_max for r in ROUTER_VARIANTS)};\n"
         f"inline constexpr int kRouterMaxGroups = {ROUTER_MAX_GROUPS};\n"
+        f"inline constexpr int kAttnResMaxBlocks = {ATTN_RES_KERNEL.max_blocks};\n"
+        f"inline constexpr int kAttnResMaxHidden = {ATTN_RES_KERNEL.max_hidden};\n"
         "}  // namespace kimi\n"
     )
     _write_if_changed(path, text)

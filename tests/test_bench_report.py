@@ -35,17 +35,17 @@ def test_sweep_markdown_ranks_forced_variants_per_case():
     ]
 
 
-def test_chain_markdown_signs_the_change_and_the_overlap():
-    def cell(pair, alone):
-        return {"alone": alone, "pair": pair, "overlap": round(1.5 + alone - pair, 3)}
-
-    row = {"shape": "kimi-k2", "M": 1, "norm alone": 1.5, "F.rms_norm alone": 2.0, "baseline pair": 8.0}
-    row.update({name: cell(6.0, 3.0) for name in bench_chain.routers(1)})
-    row["prefetch (auto)"], row["no prefetch"] = cell(4.0, 2.5), cell(5.0, 2.5)
-    text = bench_chain.markdown({"gpu": "GPU", "torch": "t", "commit": "abc", "date": "d", "results": [row]})
-    line = next(line for line in text.splitlines() if line.startswith("| kimi-k2"))
-    assert "| 4.00 (2.50, +0.00) |" in line and "| 5.00 (2.50, -1.00) |" in line
-    assert line.endswith("| 8.00 | -20.0% | +1.50 | 2.00x |")
+def test_chain_markdown_puts_after_the_layer_first():
+    results = [{"shape": "kimi-k3", "M": m, "producer": "attn_res nb=8", "consumer": "ll_bf16_router",
+                "after_layer": 6.5 + m, "back_to_back": 5.25} for m in (1, 16)]
+    results.append({"shape": "kimi-k3", "M": 1, "producer": "none", "consumer": "ll_bf16_gemm",
+                    "after_layer": 4.0, "back_to_back": 3.0})
+    text = bench_chain.markdown({"gpu": "GPU", "torch": "t", "commit": "abc", "date": "d", "layer_us": 25.0,
+                                 "results": results})
+    lines = text.splitlines()
+    assert "| producer | consumer | M = 1 | M = 16 |" in lines
+    assert "| attn_res nb=8 | ll_bf16_router | 7.50 (5.25) | 22.50 (5.25) |" in lines
+    assert "| none | ll_bf16_gemm | 4.00 (3.00) |  |" in lines
 
 
 def test_router_bench_baseline_routes_like_the_op():

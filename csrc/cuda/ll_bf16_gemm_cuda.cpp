@@ -22,6 +22,9 @@ std::vector<std::string> compiled_kernel_symbols() {
   for (const CompiledNormKernel& kernel : kCompiledNormKernels) {
     symbols.emplace_back(kernel.symbol);
   }
+  for (const CompiledAttnResKernel& kernel : kCompiledAttnResKernels) {
+    symbols.emplace_back(kernel.symbol);
+  }
   return symbols;
 }
 

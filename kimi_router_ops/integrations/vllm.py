@@ -18,9 +18,17 @@ anything else runs vLLM's own code):
   functions, so the plugin rebinds the module attributes its routers call; a vLLM without
   them is left alone (and the log says so).
 
+- Kimi-K3's AttnRes on Hopper: vLLM's `attn_res` (a Triton kernel there, one CTA a token
+  that releases the router only after its mix; its native kernel is SM100-only) becomes
+  `kimi.attn_res` (a cluster a token, releasing the router at entry) on sm_90 and the CPU,
+  for bf16 inputs of a hidden size and block count our kernel serves; the plugin rebinds the
+  function in `vllm.models.kimi_k3.nvidia.ops` and the name its model module imported. On
+  other GPUs, SM100 included, vLLM's own function runs.
+
 Everything around them stays vLLM's: tensor and expert parallelism, EPLB's expert mapping,
 quantized experts, padding. Switches, read when the plugin loads: KIMI_ROUTER_OPS_VLLM=0
-(nothing), KIMI_ROUTER_OPS_VLLM_GATE=0, KIMI_ROUTER_OPS_VLLM_ROUTING=0. `import
+(nothing), KIMI_ROUTER_OPS_VLLM_GATE=0, KIMI_ROUTER_OPS_VLLM_ROUTING=0,
+KIMI_ROUTER_OPS_VLLM_ATTN_RES=0. `import
 kimi_router_ops` never imports vLLM; this module imports it inside `register()`.
 """
 
@@ -33,15 +41,21 @@ import torch
 from .. import ops
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_VLLM", "KIMI_ROUTER_OPS_VLLM_GATE", "KIMI_ROUTER_OPS_VLLM_ROUTING"
+ENV_ATTN_RES = "KIMI_ROUTER_OPS_VLLM_ATTN_RES"
 GATE_LAYER = "GateLinear"  # the key vLLM's PluggableLayer looks an out-of-tree class up by
 ROUTING_MODULES = {
     "grouped_topk": "vllm.model_executor.layers.fused_moe.router.grouped_topk_router",
     "fused_topk_bias": "vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router",
 }
+# Kimi-K3's AttnRes: the function's module, and the model module that imported its name.
+ATTN_RES_MODULES = ("vllm.models.kimi_k3.nvidia.ops", "vllm.models.kimi_k3.nvidia.model")
+# What our AttnRes kernel serves (kimi_router_ops/variants.py, ATTN_RES_KERNEL).
+ATTN_RES_MAX_BLOCKS, ATTN_RES_MAX_HIDDEN = 15, 8192
 ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 logger = logging.getLogger("vllm.kimi_router_ops")  # a child of vLLM's logger: vLLM's format
 _originals: dict[str, object] = {}  # what register() replaced: name -> vLLM's own
 _padding_mask = None  # vLLM's fused_topk_bias_router._get_padding_mask, kept by register()
+_attn_res_on_cuda = False  # the GPUs are sm_90 (vLLM's platform says, without touching CUDA)
 
 
 def _enabled(name: str) -> bool:
@@ -76,6 +90,8 @@ def register() -> list[str]:
                 global _padding_mask
                 _padding_mask = module._get_padding_mask
             replaced.append(f"{name} (routing: moe_routing)")
+    if _enabled(ENV_ATTN_RES):
+        replaced += _register_attn_res()
     logger.info("kimi_router_ops: replaced %s", ", ".join(replaced) or "nothing")
     return replaced
 
@@ -87,8 +103,32 @@ def unregister() -> None:
     if op_registry_oot.get(GATE_LAYER) is _gate_class():
         del op_registry_oot[GATE_LAYER]
     for name, original in list(_originals.items()):
-        setattr(importlib.import_module(ROUTING_MODULES[name]), name, original)
+        if name in ROUTING_MODULES:
+            setattr(importlib.import_module(ROUTING_MODULES[name]), name, original)
+        else:  # an AttnRes module
+            setattr(importlib.import_module(name), "attn_res", original)
         del _originals[name]
+
+
+def _register_attn_res() -> list[str]:
+    """Rebind vLLM's Kimi-K3 attn_res in its ops package and in the model module that
+    imported it (before any model is built, so the model calls ours)."""
+    global _attn_res_on_cuda
+    from vllm.platforms import current_platform
+
+    _attn_res_on_cuda = current_platform.is_cuda() and current_platform.is_device_capability(90)
+    replaced = []
+    for module_name in ATTN_RES_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            logger.warning("kimi_router_ops: %s not importable (%s); its attn_res not replaced", module_name, error)
+            continue
+        if module_name not in _originals:
+            _originals[module_name] = module.attn_res
+            module.attn_res = attn_res
+        replaced.append(f"{module_name}.attn_res (kimi.attn_res on sm_90)")
+    return replaced
 
 
 _GATE_CLASS = None
@@ -169,3 +209,24 @@ def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correcti
 
 
 _ROUTING = {"grouped_topk": grouped_topk, "fused_topk_bias": fused_topk_bias}
+
+
+def _attn_res_served(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks) -> bool:
+    """Our op on the CPU and sm_90 for the inputs our kernel serves; vLLM's own elsewhere
+    (its native op on SM100, its Triton kernel on other GPUs)."""
+    if prefix.device.type != "cpu" and not (prefix.is_cuda and _attn_res_on_cuda):
+        return False
+    tensors = [t for t in (prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight) if t is not None]
+    h = prefix.shape[-1]
+    return (all(t.dtype == torch.bfloat16 for t in tensors) and prefix.dim() == 2 and blocks.dim() == 3
+            and h % 8 == 0 and h <= ATTN_RES_MAX_HIDDEN and num_blocks <= ATTN_RES_MAX_BLOCKS)
+
+
+def attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks, block_write_idx,
+             eps, output_norm_eps):
+    """vLLM's Kimi-K3 attn_res (its signature and semantics) on kimi.attn_res."""
+    if _attn_res_served(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks):
+        return ops.attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                            block_write_idx, eps, output_norm_eps)
+    return _originals[ATTN_RES_MODULES[0]](prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                                           num_blocks, block_write_idx, eps, output_norm_eps)

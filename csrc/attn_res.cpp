@@ -1,0 +1,164 @@
+// Kimi-K3's attention residual (AttnRes): the producer of the hidden states its MoE router
+// reads, with vLLM 0.33's `attn_res` arguments in the same order. Exact formula, fp32 math
+// from bf16 inputs:
+//
+//   p = bf16(prefix + delta)  (one rounding; p = prefix without a delta), written back into
+//       prefix (with a delta) and into blocks[:, block_write_idx] (when >= 0)
+//   sources v_s: blocks[:, s] for s < num_blocks (read after that write), then p
+//   logit_s = (v_s . (norm_weight * qk_weight)) * rsqrt(mean(v_s^2) + eps)
+//   mixed   = sum_s softmax_s(logit) v_s              (p alone when num_blocks == 0)
+//   out     = bf16(mixed * rsqrt(mean(mixed^2) + output_norm_eps) * output_norm_weight)
+//             (bf16(mixed) without an output norm weight)
+//
+// The CPU runs it as ATen ops (the reference); on Hopper and datacenter Blackwell the CUDA
+// key runs the CuTe DSL kernel (csrc/cuda/attn_res_cuda.cpp), which adds its sums in another
+// order: an output may differ from the reference by a bf16 ulp.
+
+#include <cmath>
+#include <vector>
+
+#include "attn_res.h"
+
+namespace kimi {
+
+namespace {
+
+void check_hidden_vector(const char* name, const Tensor& t, const Tensor& prefix) {
+  KIMI_CHECK(t.scalar_type() == kBFloat16, "attn_res: ", name, " must be torch.bfloat16, got ",
+             dtype_name(t.scalar_type()));
+  KIMI_CHECK(t.dim() == 1 && t.size(0) == prefix.size(1), "attn_res: ", name,
+             " must have shape [H]=[", prefix.size(1), "], got ", t.sizes());
+  KIMI_CHECK(t.device() == prefix.device(), "attn_res: prefix and ", name,
+             " must be on the same device, got ", prefix.device(), " and ", t.device());
+}
+
+// Written in place or read as rows by the kernels: the hidden dimension must be contiguous
+// (vLLM's function asserts the same).
+void check_unit_last_stride(const char* name, const Tensor& t) {
+  KIMI_CHECK(t.stride(t.dim() - 1) == 1 || t.size(t.dim() - 1) <= 1, "attn_res: ", name,
+             " must have stride 1 along its last dimension, got stride ", t.stride(t.dim() - 1));
+}
+
+Tensor f32(const Tensor& t) { return torch::stable::to(t, kFloat); }
+
+Tensor rms_scale(const Tensor& v, double eps) {  // rsqrt(mean(v^2) + eps), [M, 1]
+  return aten::rsqrt(aten::add(aten::mean_last(aten::mul(v, v)), aten::scalar(eps)));
+}
+
+}  // namespace
+
+void check_attn_res_inputs(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
+                           const Tensor& norm_weight, const Tensor& qk_weight,
+                           const OptionalTensor& output_norm_weight, int64_t num_blocks,
+                           int64_t block_write_idx, double eps, double output_norm_eps) {
+  KIMI_CHECK(prefix.scalar_type() == kBFloat16, "attn_res: prefix must be torch.bfloat16, got ",
+             dtype_name(prefix.scalar_type()));
+  KIMI_CHECK(prefix.dim() == 2, "attn_res: prefix must be 2-D [M, H], got shape ",
+             prefix.sizes());
+  KIMI_CHECK(prefix.size(1) >= 1, "attn_res: H must be at least 1, got prefix ", prefix.sizes());
+  check_unit_last_stride("prefix", prefix);
+  if (delta.has_value()) {
+    KIMI_CHECK(delta->scalar_type() == kBFloat16, "attn_res: delta must be torch.bfloat16, got ",
+               dtype_name(delta->scalar_type()));
+    const Sizes ds = delta->sizes(), ps = prefix.sizes();
+    KIMI_CHECK(ds.size() == ps.size() && std::equal(ds.begin(), ds.end(), ps.begin()),
+               "attn_res: delta must have the shape of prefix ", ps, ", got ", ds);
+    KIMI_CHECK(delta->device() == prefix.device(),
+               "attn_res: prefix and delta must be on the same device, got ", prefix.device(),
+               " and ", delta->device());
+  }
+  KIMI_CHECK(blocks.scalar_type() == kBFloat16, "attn_res: blocks must be torch.bfloat16, got ",
+             dtype_name(blocks.scalar_type()));
+  KIMI_CHECK(blocks.dim() == 3 && blocks.size(0) == prefix.size(0) &&
+                 blocks.size(2) == prefix.size(1),
+             "attn_res: blocks must have shape [M, R, H]=[", prefix.size(0), ", R, ",
+             prefix.size(1), "], got ", blocks.sizes());
+  KIMI_CHECK(blocks.device() == prefix.device(),
+             "attn_res: prefix and blocks must be on the same device, got ", prefix.device(),
+             " and ", blocks.device());
+  check_unit_last_stride("blocks", blocks);
+  check_hidden_vector("norm_weight", norm_weight, prefix);
+  check_hidden_vector("qk_weight", qk_weight, prefix);
+  if (output_norm_weight.has_value()) {
+    check_hidden_vector("output_norm_weight", *output_norm_weight, prefix);
+  }
+  const int64_t r = blocks.size(1);
+  KIMI_CHECK(num_blocks >= 0 && num_blocks <= r,
+             "attn_res: num_blocks must be in [0, R] = [0, ", r, "], got ", num_blocks);
+  KIMI_CHECK(block_write_idx >= -1 && block_write_idx < r,
+             "attn_res: block_write_idx must be -1 or in [0, R) = [0, ", r, "), got ",
+             block_write_idx);
+  KIMI_CHECK(std::isfinite(eps) && eps >= 0, "attn_res: eps must be finite and >= 0, got ", eps);
+  KIMI_CHECK(std::isfinite(output_norm_eps) && output_norm_eps >= 0,
+             "attn_res: output_norm_eps must be finite and >= 0, got ", output_norm_eps);
+}
+
+Tensor attn_res_reference(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
+                          const Tensor& norm_weight, const Tensor& qk_weight,
+                          const OptionalTensor& output_norm_weight, int64_t num_blocks,
+                          int64_t block_write_idx, double eps, double output_norm_eps) {
+  const NoGradGuard no_grad;
+  Tensor p = prefix;
+  if (delta.has_value()) {
+    p = torch::stable::to(aten::add(f32(prefix), f32(*delta)), kBFloat16);
+    Tensor target = prefix;
+    torch::stable::copy_(target, p);
+  }
+  if (block_write_idx >= 0) {
+    Tensor target = torch::stable::select(blocks, 1, block_write_idx);
+    torch::stable::copy_(target, p);
+  }
+  Tensor mixed = f32(p);
+  if (num_blocks > 0) {
+    // The softmax as vLLM's kernel runs it: the largest logit subtracted, the division last.
+    const Tensor wq = aten::mul(f32(norm_weight), f32(qk_weight));
+    std::vector<Tensor> values, logits;
+    for (int64_t s = 0; s <= num_blocks; ++s) {
+      values.push_back(s < num_blocks ? f32(torch::stable::select(blocks, 1, s)) : mixed);
+      logits.push_back(aten::mul(aten::sum_last(aten::mul(values.back(), wq)),
+                                 rms_scale(values.back(), eps)));
+    }
+    Tensor top = logits[0];
+    for (const Tensor& logit : logits) {
+      top = call_tensor_op("aten::maximum", "", top, logit);
+    }
+    Tensor denominator, sum;
+    for (size_t s = 0; s < values.size(); ++s) {
+      const Tensor e = call_tensor_op("aten::exp", "", torch::stable::subtract(logits[s], top));
+      const Tensor term = aten::mul(e, values[s]);
+      denominator = s == 0 ? e : aten::add(denominator, e);
+      sum = s == 0 ? term : aten::add(sum, term);
+    }
+    mixed = aten::div(sum, denominator);
+  }
+  if (output_norm_weight.has_value()) {
+    mixed = aten::mul(aten::mul(mixed, rms_scale(mixed, output_norm_eps)), f32(*output_norm_weight));
+  }
+  return torch::stable::contiguous(torch::stable::to(mixed, kBFloat16));
+}
+
+namespace {
+
+Tensor attn_res_cpu(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
+                    const Tensor& norm_weight, const Tensor& qk_weight,
+                    const OptionalTensor& output_norm_weight, int64_t num_blocks,
+                    int64_t block_write_idx, double eps, double output_norm_eps) {
+  check_attn_res_inputs(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                        num_blocks, block_write_idx, eps, output_norm_eps);
+  return attn_res_reference(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                            num_blocks, block_write_idx, eps, output_norm_eps);
+}
+
+}  // namespace
+
+// prefix is written when a delta is given, blocks when block_write_idx >= 0.
+STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
+  m.def(
+      "attn_res(Tensor(a!) prefix, Tensor? delta, Tensor(b!) blocks, Tensor norm_weight, "
+      "Tensor qk_weight, Tensor? output_norm_weight, int num_blocks, int block_write_idx, "
+      "float eps, float output_norm_eps) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("attn_res", TORCH_BOX(&attn_res_cpu)); }
+
+}  // namespace kimi

@@ -1,0 +1,97 @@
+// CUDA implementation of attn_res: the PDL-launched CuTe DSL kernel (one token a cluster of
+// CTAs) on the GPUs it was compiled for and the inputs it serves, the ATen reference
+// elsewhere.
+
+#include <limits>
+
+#include "kernel_support.h"
+#include "kimi_kernels.h"
+#include "kimi_variant_table.h"
+#include "../attn_res.h"
+
+namespace kimi {
+
+namespace {
+
+const CompiledAttnResKernel* find_attn_res_kernel(int sm) {
+  for (const CompiledAttnResKernel& kernel : kCompiledAttnResKernels) {
+    if (kernel.sm == sm) {
+      return &kernel;
+    }
+  }
+  return nullptr;
+}
+
+// blocks [M, R, H] as the kernel's argument; strides of size-one dimensions, never used, are
+// given their contiguous values so the alignment test is not fooled by them.
+Tensor3Arg blocks_arg(const Tensor& b) {
+  const int64_t h = b.size(2);
+  const int64_t r_stride = b.size(1) == 1 ? h : b.stride(1);
+  const int64_t m_stride = b.size(0) == 1 ? b.size(1) * r_stride : b.stride(0);
+  return {b.data_ptr(), {int32_t(b.size(0)), int32_t(b.size(1)), int32_t(h)}, {m_stride, r_stride}};
+}
+
+bool vec8_aligned(const Tensor3Arg& a) {
+  return a.strides[0] % 8 == 0 && a.strides[1] % 8 == 0 &&
+         (a.shapes[1] == 0 || reinterpret_cast<uintptr_t>(a.data) % 16 == 0);
+}
+
+// Runs the kernel into out; false where it does not serve the inputs (they are unchanged).
+bool launch_attn_res(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
+                     const Tensor& norm_weight, const Tensor& qk_weight,
+                     const OptionalTensor& output_norm_weight, int64_t num_blocks,
+                     int64_t block_write_idx, double eps, double output_norm_eps,
+                     const Tensor& out) {
+  const int device = prefix.get_device_index();
+  const CompiledAttnResKernel* kernel = find_attn_res_kernel(device_sm(device));
+  const int64_t m = prefix.size(0), h = prefix.size(1);
+  // One cluster a token (grid y) and one 16-byte vector of H a thread.
+  if (kernel == nullptr || h % 8 != 0 || h > kAttnResMaxHidden || num_blocks > kAttnResMaxBlocks ||
+      m > 65535 || blocks.size(1) > std::numeric_limits<int32_t>::max()) {
+    return false;
+  }
+  const Tensor nw = unit_stride_vector(norm_weight), qw = unit_stride_vector(qk_weight);
+  const Tensor ow = output_norm_weight.has_value() ? unit_stride_vector(*output_norm_weight) : nw;
+  AttnResArgs args{matrix_arg(prefix), matrix_arg(delta.has_value() ? *delta : prefix),
+                   row_arg(nw), row_arg(qw), row_arg(ow), matrix_arg(out), blocks_arg(blocks),
+                   int32_t(num_blocks), int32_t(block_write_idx), delta.has_value(),
+                   output_norm_weight.has_value(), float(eps), float(output_norm_eps)};
+  for (const TensorArg* a : {&args.prefix, &args.delta, &args.norm_weight, &args.qk_weight,
+                             &args.output_norm_weight, &args.out}) {
+    if (!vec8_aligned(*a)) {
+      return false;
+    }
+  }
+  if (!vec8_aligned(args.blocks)) {
+    return false;
+  }
+  if (m == 0) {
+    return true;
+  }
+  ensure_loaded(kCompiledAttnResKernels, device);
+  const int32_t err = kernel->launch(&args, current_stream(device));
+  check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
+  return true;
+}
+
+Tensor attn_res_cuda(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
+                     const Tensor& norm_weight, const Tensor& qk_weight,
+                     const OptionalTensor& output_norm_weight, int64_t num_blocks,
+                     int64_t block_write_idx, double eps, double output_norm_eps) {
+  check_attn_res_inputs(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                        num_blocks, block_write_idx, eps, output_norm_eps);
+  const DeviceGuard guard(prefix.get_device_index());
+  Tensor out = empty_on(prefix, {prefix.size(0), prefix.size(1)}, kBFloat16);
+  if (launch_attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                      num_blocks, block_write_idx, eps, output_norm_eps, out)) {
+    return out;
+  }
+  return attn_res_reference(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                            num_blocks, block_write_idx, eps, output_norm_eps);
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) { m.impl("attn_res", TORCH_BOX(&attn_res_cuda)); }
+
+}  // namespace kimi
