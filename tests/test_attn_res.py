@@ -70,8 +70,8 @@ def assert_close(out, ref, tolerance):
     assert (excess <= 0).all(), f"max excess {excess.max().item()}"
 
 
-def check(inputs, num_blocks, block_write_idx, eps=EPS, output_norm_eps=EPS):
-    """Runs the op on a copy of inputs; checks the output and both writes."""
+def check(inputs, num_blocks, block_write_idx, eps=EPS, output_norm_eps=EPS, call=call):
+    """Runs `call` (the op) on a copy of inputs; checks the output and both writes."""
     ref, p, tolerance = formula(inputs, num_blocks, block_write_idx, eps, output_norm_eps)
     run = clone(inputs)
     out = call(run, num_blocks, block_write_idx, eps, output_norm_eps)
@@ -131,10 +131,15 @@ def test_property(m, h, r, data, delta, output_norm, scale, eps, seed):
 @requires_kernel_gpu
 def test_gpu_matches_cpu_and_repeats():
     inputs = make_inputs(5, H, 10)
+    ref, _, tolerance = formula(inputs, 9, 9)
     cpu = call(clone(inputs), 9, 9)
     gpu_inputs = {k: v.cuda() for k, v in inputs.items()}
     first = call(clone(gpu_inputs), 9, 9)
-    assert (first.cpu().view(torch.int16).int() - cpu.view(torch.int16).int()).abs().max() <= 1
+    assert_close(first, ref, tolerance)
+    # The kernel's fp32 sums differ from the CPU's in order only: apart by a bf16 rounding at
+    # most, or fp32 noise against the row's size where the mix cancels.
+    diff = (first.cpu().double() - cpu.double()).abs()
+    assert (diff <= 2.0**-7 * cpu.double().abs() + 1e-4 * ref.square().mean().sqrt()).all()
     for _ in range(3):
         assert torch.equal(call(clone(gpu_inputs), 9, 9), first)
 

@@ -23,7 +23,7 @@ from vllm.model_executor.custom_op import op_registry_oot  # noqa: E402
 from vllm.model_executor.layers.fused_moe.router import fused_topk_bias_router, grouped_topk_router  # noqa: E402
 from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear  # noqa: E402
 
-SWITCHES = (kimi_vllm.ENV_ALL, kimi_vllm.ENV_GATE, kimi_vllm.ENV_ROUTING)
+SWITCHES = (kimi_vllm.ENV_ALL, kimi_vllm.ENV_GATE, kimi_vllm.ENV_ROUTING, kimi_vllm.ENV_ATTN_RES)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,7 +49,7 @@ def vllm_process():
 def op_calls(monkeypatch):
     """The calls that reach our ops from the plugin (so a silent fallback cannot pass)."""
     calls = []
-    for name in ("ll_bf16_gemm", "moe_routing"):
+    for name in ("ll_bf16_gemm", "moe_routing", "attn_res"):
         original = getattr(kimi_vllm.ops, name)
 
         def counting(*args, _name=name, _original=original, **kwargs):
@@ -182,10 +182,17 @@ def test_fused_topk_bias_with_token_hashes_keeps_vllms(monkeypatch, op_calls):
     assert len(seen) == 2 and op_calls == []
 
 
+def attn_res_hooked() -> bool:
+    """Whether vLLM's K3 attn_res is ours, or will be once its package is imported."""
+    module = sys.modules.get(kimi_vllm.ATTN_RES_MODULES[0])
+    return kimi_vllm._ATTN_RES_HOOK in sys.meta_path if module is None else module.attn_res is kimi_vllm.attn_res
+
+
 def test_switches_turn_each_hook_off(monkeypatch):
     try:
         for switch, gate_replaced, routing_replaced in [
             (kimi_vllm.ENV_GATE, False, True), (kimi_vllm.ENV_ROUTING, True, False), (kimi_vllm.ENV_ALL, False, False),
+            (kimi_vllm.ENV_ATTN_RES, True, True),
         ]:
             kimi_vllm.unregister()
             monkeypatch.setenv(switch, "0")
@@ -195,6 +202,7 @@ def test_switches_turn_each_hook_off(monkeypatch):
             assert (grouped_topk_router.grouped_topk is kimi_vllm.grouped_topk) == routing_replaced, switch
             assert (fused_topk_bias_router.fused_topk_bias is kimi_vllm.fused_topk_bias) == routing_replaced, switch
             assert type(gate()).__name__ == ("KimiGateLinear" if gate_replaced else "GateLinear")
+            assert attn_res_hooked() == (switch not in (kimi_vllm.ENV_ATTN_RES, kimi_vllm.ENV_ALL)), switch
     finally:
         kimi_vllm.unregister()
         kimi_vllm.register()
@@ -202,7 +210,7 @@ def test_switches_turn_each_hook_off(monkeypatch):
 
 def test_register_twice_replaces_once():
     first = kimi_vllm.register()
-    assert kimi_vllm.register() == first and len(first) == 3
+    assert kimi_vllm.register() == first and len(first) == 4
     assert kimi_vllm._originals["grouped_topk"] is not kimi_vllm.grouped_topk
 
 
@@ -234,3 +242,121 @@ def test_importing_the_package_does_not_import_vllm():
             "assert 'vllm' not in sys.modules\nprint('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+# Kimi-K3's AttnRes. Importing vLLM's K3 ops package imports the whole model (about 15 s on
+# two cores): the plugin rebinds it when that happens; these tests import it once.
+K3_OPS, K3_MODEL = kimi_vllm.ATTN_RES_MODULES
+
+
+def test_register_leaves_the_k3_model_unimported_until_used():
+    """In a fresh process: register() imports nothing of Kimi-K3; importing its model later
+    (as vLLM's registry does) binds our attn_res in the model and the ops package, and
+    unregister() puts vLLM's back."""
+    code = (
+        "import sys\n"
+        "from kimi_router_ops.integrations import vllm as kimi_vllm\n"
+        "print('replaced', kimi_vllm.register())\n"
+        f"assert {K3_OPS!r} not in sys.modules and {K3_MODEL!r} not in sys.modules\n"
+        "import vllm.models.kimi_k3  # what vLLM's model registry imports\n"
+        f"ops, model = sys.modules[{K3_OPS!r}], sys.modules[{K3_MODEL!r}]\n"
+        "assert ops.attn_res is kimi_vllm.attn_res and model.attn_res is kimi_vllm.attn_res\n"
+        "kimi_vllm.unregister()\n"
+        "assert ops.attn_res is model.attn_res and ops.attn_res.__module__.startswith('vllm.'), ops.attn_res\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0 and "ok" in result.stdout, (result.stdout + result.stderr)[-3000:]
+    assert "Kimi-K3 attn_res" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def k3_model():
+    import importlib
+
+    return importlib.import_module(K3_MODEL)
+
+
+def k3_inputs(m, h, r, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    bf = lambda *s: torch.randn(*s, generator=g).to(torch.bfloat16)  # noqa: E731
+    weight = lambda: (torch.rand(h, generator=g) + 0.5).to(torch.bfloat16)  # noqa: E731
+    return dict(prefix=bf(m, h), delta=bf(m, h), blocks=bf(m, r, h), norm_weight=weight(),
+                qk_weight=bf(h) * 0.05, output_norm_weight=weight())
+
+
+@pytest.mark.parametrize("m,num_blocks,block_write_idx,delta,norm", [
+    (1, 8, -1, True, True), (3, 2, 2, True, True), (4, 8, 8, False, True), (2, 0, 0, True, False), (5, 5, 1, True, True),
+])
+def test_k3_attn_res_is_ours_and_the_formula(k3_model, op_calls, m, num_blocks, block_write_idx, delta, norm):
+    """The model module's attn_res is ours; on the CPU it runs kimi.attn_res (the float64
+    formula's result, and both writes)."""
+    from test_attn_res import check
+
+    assert k3_model.attn_res is kimi_vllm.attn_res
+    inputs = k3_inputs(m, 7168, 9)
+    inputs["delta"] = inputs["delta"] if delta else None
+    inputs["output_norm_weight"] = inputs["output_norm_weight"] if norm else None
+
+    def through_the_model(i, num_blocks, block_write_idx, eps, output_norm_eps):
+        return k3_model.attn_res(i["prefix"], i["delta"], i["blocks"], i["norm_weight"], i["qk_weight"],
+                                 i["output_norm_weight"], num_blocks=num_blocks, block_write_idx=block_write_idx,
+                                 eps=eps, output_norm_eps=output_norm_eps)
+
+    check(inputs, num_blocks, block_write_idx, call=through_the_model)
+    assert op_calls == ["attn_res"]
+
+
+def test_k3_attn_res_outside_our_kernel_range_is_vllms(k3_model, monkeypatch, op_calls):
+    """Inputs the kernel does not serve (H % 8, more than 15 blocks, fp32) go to vLLM's own."""
+    seen = []
+    monkeypatch.setitem(kimi_vllm._originals, "attn_res", lambda *args: seen.append(args) or "vllm")
+    for m, h, r, nb in ((1, 7170, 3, 2), (1, 64, 20, 16)):
+        i = k3_inputs(m, h, r)
+        assert k3_model.attn_res(*i.values(), nb, -1, 1e-6, 1e-6) == "vllm"
+    i = {k: v.float() for k, v in k3_inputs(1, 64, 3).items()}
+    assert k3_model.attn_res(*i.values(), 2, -1, 1e-6, 1e-6) == "vllm"
+    assert len(seen) == 3 and op_calls == []
+
+
+def test_k3_attn_res_matches_vllms_triton_kernel_interpreted():
+    """vLLM's Triton kernel, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1, in a
+    fresh process: the flag is read when the kernel is defined), against ours. The
+    interpreter truncates fp32 to bf16 where a GPU rounds to nearest: delta is prefix, so
+    that p = 2 prefix needs no rounding and the writes are equal bit for bit; the outputs are
+    then within that truncation (a bf16 ulp), or fp32 noise against the row's size where the
+    mix cancels."""
+    code = """
+import importlib.util, sys, types
+import torch, triton, triton.language as tl
+import vllm, vllm.triton_utils
+import kimi_router_ops
+# vLLM's Triton helpers stand in a placeholder where no GPU driver is active: load its
+# attn_res file with the real triton beside it.
+stub = types.ModuleType("vllm.triton_utils"); stub.triton, stub.tl = triton, tl
+real, sys.modules["vllm.triton_utils"] = sys.modules["vllm.triton_utils"], stub
+spec = importlib.util.spec_from_file_location("vllm_attn_res", vllm.__path__[0] + "/models/kimi_k3/nvidia/ops/attn_res.py")
+theirs = importlib.util.module_from_spec(spec); spec.loader.exec_module(theirs)
+sys.modules["vllm.triton_utils"] = real
+g = torch.Generator().manual_seed(0)
+bf = lambda *s: torch.randn(*s, generator=g).to(torch.bfloat16)
+for m, h, r, nb, idx, with_delta, with_norm in [(1, 7168, 9, 8, -1, True, True), (3, 7168, 9, 2, 2, True, True),
+                                                 (2, 7168, 9, 8, 8, False, True), (2, 1024, 4, 3, -1, True, False),
+                                                 (1, 512, 2, 0, 0, True, True)]:
+    prefix, blocks = bf(m, h), bf(m, r, h)
+    delta = prefix.clone() if with_delta else None
+    nw, qw, ow = (torch.rand(h, generator=g) + 0.5).to(torch.bfloat16), bf(h) * 0.05, bf(h) if with_norm else None
+    p1, b1, p2, b2 = prefix.clone(), blocks.clone(), prefix.clone(), blocks.clone()
+    a = theirs.attn_res(p1, delta, b1, nw, qw, ow, nb, idx, 1e-6, 1e-5)
+    b = kimi_router_ops.attn_res(p2, delta, b2, nw, qw, ow, nb, idx, 1e-6, 1e-5)
+    assert torch.equal(p1, p2) and torch.equal(b1, b2), (m, h, nb, idx)
+    assert torch.equal(b1, blocks) == (idx < 0) and torch.equal(p1, prefix) == (delta is None)
+    diff = (a.double() - b.double()).abs()
+    bound = 2.0**-7 * b.double().abs() + 1e-4 * b.double().square().mean().sqrt()
+    assert (diff <= bound).all(), (m, h, nb, idx, (diff - bound).max().item())
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert result.returncode == 0 and "ok" in result.stdout, (result.stdout + result.stderr)[-3000:]

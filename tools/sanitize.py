@@ -1,5 +1,5 @@
-"""Every kernel variant over odd shapes, every fused router row, the routing op's kernels
-and the norm kernels, for compute-sanitizer
+"""Every kernel variant over odd shapes, every fused router row, the routing op's kernels,
+the norm kernels and the AttnRes kernel, for compute-sanitizer
 (tools/device_run.sh sanitize).
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 tools/sanitize.py
@@ -34,6 +34,10 @@ def make_bias(n, dtype):
     return None if dtype is None else (torch.randn(n) * 0.1).to(dtype)
 # Norm: (M, K) with K past one step of 16-byte loads (8192), odd K (scalar loads), one row.
 NORM_SHAPES = ((1, 7168), (16, 7168), (3, 9000), (2, 7169), (5, 1), (1, 40))
+# AttnRes: (M, H, R, num_blocks, block_write_idx, delta, output norm): the model's calls, the
+# most blocks, a write into a source, H not a multiple of a CTA's share, M past a wave.
+ATTN_RES_CASES = ((1, 7168, 9, 8, -1, True, True), (16, 7168, 9, 8, 8, False, True), (3, 7168, 16, 15, 15, True, False),
+                  (2, 1000, 4, 3, 1, True, True), (300, 64, 2, 0, 0, True, True), (5, 8192, 3, 2, -1, False, False))
 
 
 def main():
@@ -117,6 +121,22 @@ def main():
                     print(f"norm m={m} k={k}: differs from the CPU reference")
                     sys.exit(1)
                 calls += 2
+    if re.search(args.only, "attn_res"):
+        for m, h, r, nb, idx, with_delta, with_norm in ATTN_RES_CASES:
+            prefix, blocks = torch.randn(m, h).to(torch.bfloat16), torch.randn(m, r, h).to(torch.bfloat16)
+            delta = torch.randn(m, h).to(torch.bfloat16) if with_delta else None
+            weights = [(torch.rand(h) + 0.5).to(torch.bfloat16) for _ in range(3)]
+            norm_weight = weights[2] if with_norm else None
+            args = (nb, idx, 1e-6, 1e-6)
+            on_gpu = [None if t is None else t.cuda() for t in (prefix, delta, blocks, weights[0], weights[1], norm_weight)]
+            got = kimi_router_ops.attn_res(*on_gpu, *args).cpu()
+            ref = kimi_router_ops.attn_res(prefix, delta, blocks, weights[0], weights[1], norm_weight, *args)
+            # Two roundings to bf16 apart, or fp32 noise against the row's size where the mix cancels.
+            close = (got.double() - ref.double()).abs() <= 2**-7 * ref.double().abs() + 1e-4 * ref.double().square().mean().sqrt()
+            if not close.all() or not torch.equal(on_gpu[0].cpu(), prefix) or not torch.equal(on_gpu[2].cpu(), blocks):
+                print(f"attn_res m={m} h={h} blocks={nb} write={idx}: differs from the CPU reference")
+                sys.exit(1)
+            calls += 1
     torch.cuda.synchronize()
     print(f"{calls} kernel calls, worst fp32 error {worst:.2e} (relative to sum |x w|)")
     if worst > 1e-5:

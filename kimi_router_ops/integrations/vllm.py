@@ -22,8 +22,9 @@ anything else runs vLLM's own code):
   that releases the router only after its mix; its native kernel is SM100-only) becomes
   `kimi.attn_res` (a cluster a token, releasing the router at entry) on sm_90 and the CPU,
   for bf16 inputs of a hidden size and block count our kernel serves; the plugin rebinds the
-  function in `vllm.models.kimi_k3.nvidia.ops` and the name its model module imported. On
-  other GPUs, SM100 included, vLLM's own function runs.
+  function in `vllm.models.kimi_k3.nvidia.ops` (when that package is first imported: it
+  imports the whole model) and so the name its model module imports. On other GPUs, SM100
+  included, vLLM's own function runs.
 
 Everything around them stays vLLM's: tensor and expert parallelism, EPLB's expert mapping,
 quantized experts, padding. Switches, read when the plugin loads: KIMI_ROUTER_OPS_VLLM=0
@@ -33,8 +34,11 @@ kimi_router_ops` never imports vLLM; this module imports it inside `register()`.
 """
 
 import importlib
+import importlib.abc
+import importlib.util
 import logging
 import os
+import sys
 
 import torch
 
@@ -102,33 +106,64 @@ def unregister() -> None:
 
     if op_registry_oot.get(GATE_LAYER) is _gate_class():
         del op_registry_oot[GATE_LAYER]
+    if _ATTN_RES_HOOK in sys.meta_path:
+        sys.meta_path.remove(_ATTN_RES_HOOK)
+    for module_name in ATTN_RES_MODULES:
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, "attn_res", None) is attn_res:
+            module.attn_res = _originals["attn_res"]
+    _originals.pop("attn_res", None)
     for name, original in list(_originals.items()):
-        if name in ROUTING_MODULES:
-            setattr(importlib.import_module(ROUTING_MODULES[name]), name, original)
-        else:  # an AttnRes module
-            setattr(importlib.import_module(name), "attn_res", original)
+        setattr(importlib.import_module(ROUTING_MODULES[name]), name, original)
         del _originals[name]
 
 
 def _register_attn_res() -> list[str]:
-    """Rebind vLLM's Kimi-K3 attn_res in its ops package and in the model module that
-    imported it (before any model is built, so the model calls ours)."""
+    """Rebind vLLM's Kimi-K3 attn_res in its ops package, and in the model module that
+    imported the name if it is loaded already. Importing the package imports the whole K3
+    model (seconds), so where it is not loaded yet a hook rebinds it the moment it is: the
+    model module, imported after it, then imports ours."""
     global _attn_res_on_cuda
     from vllm.platforms import current_platform
 
     _attn_res_on_cuda = current_platform.is_cuda() and current_platform.is_device_capability(90)
-    replaced = []
+    if ATTN_RES_MODULES[0] in sys.modules:
+        _rebind_attn_res()
+    elif _ATTN_RES_HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _ATTN_RES_HOOK)
+    return ["Kimi-K3 attn_res (kimi.attn_res on sm_90)"]
+
+
+def _rebind_attn_res() -> None:
     for module_name in ATTN_RES_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            logger.warning("kimi_router_ops: %s not importable (%s); its attn_res not replaced", module_name, error)
-            continue
-        if module_name not in _originals:
-            _originals[module_name] = module.attn_res
+        module = sys.modules.get(module_name)
+        # (The model module may be half-run, before its import of the name: it imports ours.)
+        if getattr(module, "attn_res", attn_res) is not attn_res:
+            _originals.setdefault("attn_res", module.attn_res)
             module.attn_res = attn_res
-        replaced.append(f"{module_name}.attn_res (kimi.attn_res on sm_90)")
-    return replaced
+
+
+class _AttnResHook(importlib.abc.MetaPathFinder):
+    """Finds vLLM's Kimi-K3 ops package as the other finders do, and rebinds its attn_res
+    once the package has run."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != ATTN_RES_MODULES[0]:
+            return None
+        sys.meta_path.remove(self)  # once, and not for our own lookup below
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                _rebind_attn_res()
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+_ATTN_RES_HOOK = _AttnResHook()
 
 
 _GATE_CLASS = None
@@ -228,5 +263,5 @@ def attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, 
     if _attn_res_served(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks):
         return ops.attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
                             block_write_idx, eps, output_norm_eps)
-    return _originals[ATTN_RES_MODULES[0]](prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
-                                           num_blocks, block_write_idx, eps, output_norm_eps)
+    return _originals["attn_res"](prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                                  block_write_idx, eps, output_norm_eps)

@@ -29,6 +29,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
 VEC = 8  # bf16 elements a thread loads at once: 16 bytes
+CHUNK = 4  # block sources behind one branch
+LOG2_E = 1.4426950408889634
 
 
 class AttnRes:
@@ -39,10 +41,10 @@ class AttnRes:
         self.threads = threads
         self.warps = threads // cute.arch.WARP_SIZE
         self.max_sources = max_blocks + 1
-        # A lane holds one value of the exchange: the sum of squares and the dot product of
-        # each source, 32 in all.
-        if 2 * self.max_sources != cute.arch.WARP_SIZE:
-            raise ValueError(f"attn_res: max_blocks must be 15, got {max_blocks}")
+        # A lane holds one value of the exchange (the sum of squares and the dot product of
+        # each source, 32 in all) and one slot of the output norm's (a CTA's warp).
+        if 2 * self.max_sources != cute.arch.WARP_SIZE or cluster * self.warps != cute.arch.WARP_SIZE:
+            raise ValueError("attn_res: needs max_blocks == 15 and cluster * threads == 1024")
 
     @cute.jit
     def __call__(
@@ -101,6 +103,23 @@ class AttnRes:
         return values[0]
 
     @cute.jit
+    def _source_sums(self, src, first, count, wq):
+        """Sums of squares, then dot products with wq, of register sources first ..
+        first + count - 1 (padded with zeros to CHUNK each), two chains of adds a sum."""
+        squares, dots = [], []
+        for i in cutlass.range_constexpr(CHUNK):
+            sq = [Float32(0.0), Float32(0.0)]
+            dot = [Float32(0.0), Float32(0.0)]
+            if const_expr(i < count):
+                v = src[None, first + i].load().to(Float32)
+                for e in cutlass.range_constexpr(VEC):
+                    sq[e % 2] = sq[e % 2] + v[e] * v[e]
+                    dot[e % 2] = dot[e % 2] + v[e] * wq[e]
+            squares.append(sq[0] + sq[1])
+            dots.append(dot[0] + dot[1])
+        return (*squares, *dots)
+
+    @cute.jit
     def _send(self, mailbox, value, width, rank, warp, index):
         """value into entry `index` of slot (rank, warp) of every CTA's mailbox [slots,
         width] (a CTA's own included)."""
@@ -112,10 +131,10 @@ class AttnRes:
     def _slot_sum(self, mailbox, index, width):
         """Entry `index` summed over the 32 slots in slot order: the same bits in every
         warp of every CTA."""
-        total = Float32(0.0)
+        chains = [Float32(0.0)] * 4  # four chains of adds in flight, joined in a fixed order
         for s in cutlass.range_constexpr(self.cluster * self.warps):
-            total = total + mailbox[s * width + index]
-        return total
+            chains[s % 4] = chains[s % 4] + mailbox[s * width + index]
+        return (chains[0] + chains[1]) + (chains[2] + chains[3])
 
     @cute.kernel
     def kernel(self, prefix, delta, norm_weight, qk_weight, output_norm_weight, out, blocks,
@@ -175,18 +194,23 @@ class AttnRes:
                 src[None, s].store(src[None, S - 1].load())
 
         # Value s < S: source s's sum of squares; S + s: its dot product with
-        # norm_weight * qk_weight (zeros past num_blocks and in threads past H).
-        wq = nw.load().to(Float32) * qw.load().to(Float32)
+        # norm_weight * qk_weight (zeros past num_blocks and in threads past H). Block
+        # sources go in chunks of CHUNK behind one warp-uniform branch each: the work grows
+        # with num_blocks, and a chunk's chains of adds interleave.
+        wq_vec = nw.load().to(Float32) * qw.load().to(Float32)
+        wq = [wq_vec[e] for e in range(VEC)]  # scalars, made outside the branches below
         squares, dots = [], []
-        for s in cutlass.range_constexpr(S):
-            v = src[None, s].load().to(Float32)
-            sq = Float32(0.0)
-            dot = Float32(0.0)
-            for e in cutlass.range_constexpr(VEC):
-                sq = sq + v[e] * v[e]
-                dot = dot + v[e] * wq[e]
-            squares.append(cutlass.select_(mine, sq, Float32(0.0)))
-            dots.append(cutlass.select_(mine, dot, Float32(0.0)))
+        for first in cutlass.range_constexpr(0, S - 1, CHUNK):
+            count = min(CHUNK, S - 1 - first)
+            q0, q1, q2, q3 = Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)
+            d0, d1, d2, d3 = Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)
+            if mine & (first < num_blocks):
+                q0, q1, q2, q3, d0, d1, d2, d3 = self._source_sums(src, first, count, wq)
+            squares += [q0, q1, q2, q3][:count]
+            dots += [d0, d1, d2, d3][:count]
+        p_sums = self._source_sums(src, S - 1, 1, wq)
+        squares.append(cutlass.select_(mine, p_sums[0], Float32(0.0)))
+        dots.append(cutlass.select_(mine, p_sums[CHUNK], Float32(0.0)))
         warp_total = self._lane_totals(squares + dots, lane)
 
         cute.arch.cluster_wait()
@@ -196,27 +220,30 @@ class AttnRes:
         cute.arch.cluster_wait()
         token_total = self._slot_sum(sums_box, lane, 2 * S)  # lane j: value j, whole token
 
+        # The softmax over sources, one source a lane (lane s < S: source s; p is S - 1), the
+        # same bits in every lane, warp and CTA. Approximate rsqrt, exp2 and reciprocal (a
+        # few fp32 ulps, as vLLM's Triton kernel): this is the latency between the two
+        # cluster exchanges.
         inv_h = Float32(1.0) / Float32(kv_count * VEC)
-        logits = []
-        top = Float32(float("-inf"))
-        for s in cutlass.range_constexpr(S):
-            sq = cute.arch.shuffle_sync(token_total, s)
-            dot = cute.arch.shuffle_sync(token_total, S + s)
-            logit = dot * (Float32(1.0) / cute.math.sqrt(sq * inv_h + eps, fastmath=False))
-            valid = (s < num_blocks) | (s == S - 1)
-            top = cutlass.select_(valid, cutlass.max(top, logit), top)
-            logits.append(logit)
-        denominator = Float32(0.0)
+        dot = cute.arch.shuffle_sync(token_total, lane + S)
+        logit = dot * cute.math.rsqrt(token_total * inv_h + eps, fastmath=True)
+        valid = (lane < num_blocks) | (lane == S - 1)
+        top = cute.arch.warp_reduction_max(cutlass.select_(valid, logit, Float32(float("-inf"))),
+                                           threads_in_group=S)
+        e = cute.arch.exp2((logit - top) * Float32(LOG2_E))
+        e = cutlass.select_(valid, e, Float32(0.0))
+        # One source: its weight is 1 whatever its logit (vLLM's kernel skips the softmax too).
+        e = cutlass.select_(num_blocks == 0, cutlass.select_(lane == S - 1, Float32(1.0), Float32(0.0)), e)
+        weight = e * cute.arch.rcp_approx(cute.arch.warp_reduction_sum(e, threads_in_group=S))
+
         mixed = cute.make_rmem_tensor((VEC,), Float32)
         mixed.fill(0.0)
-        for s in cutlass.range_constexpr(S):
-            # One source: its weight is 1 whatever its logit (vLLM's kernel skips the softmax
-            # there too).
-            weight = cutlass.select_(num_blocks > 0, cute.math.exp(logits[s] - top, fastmath=False), Float32(1.0))
-            weight = cutlass.select_((s < num_blocks) | (s == S - 1), weight, Float32(0.0))
-            denominator = denominator + weight
-            mixed.store(mixed.load() + weight * src[None, s].load().to(Float32))
-        mixed.store(mixed.load() / denominator)
+        for first in cutlass.range_constexpr(0, S - 1, CHUNK):
+            weights = [cute.arch.shuffle_sync(weight, first + i) for i in range(min(CHUNK, S - 1 - first))]
+            if first < num_blocks:
+                for i in cutlass.range_constexpr(len(weights)):
+                    mixed.store(mixed.load() + weights[i] * src[None, first + i].load().to(Float32))
+        mixed.store(mixed.load() + cute.arch.shuffle_sync(weight, S - 1) * src[None, S - 1].load().to(Float32))
 
         result = cute.make_rmem_tensor((VEC,), BFloat16)
         if has_output_norm != 0:
@@ -228,8 +255,9 @@ class AttnRes:
                 self._send(norm_box, sq, 1, rank, warp, 0)
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
-            total = self._slot_sum(norm_box, 0, 1)
-            r = Float32(1.0) / cute.math.sqrt(total * inv_h + output_norm_eps, fastmath=False)
+            # Lane l: slot l (cluster * warps == 32), then the butterfly sum.
+            total = cute.arch.warp_reduction_sum(norm_box[lane])
+            r = cute.math.rsqrt(total * inv_h + output_norm_eps, fastmath=True)
             result.store(((mixed.load() * r) * ow.load().to(Float32)).to(BFloat16))
         else:
             result.store(mixed.load().to(BFloat16))
