@@ -126,7 +126,9 @@ def norm_symbols():
 
 @requires_cuda_build
 def test_every_variant_is_linked_for_every_arch():
-    assert kimi_router_ops.compiled_kernels() == gemm_symbols() + router_symbols() + routing_symbols() + norm_symbols()
+    attn_res = [variants.attn_res_kernel_symbol(arch) for arch, _ in variants.ARCHS]
+    assert kimi_router_ops.compiled_kernels() == (gemm_symbols() + router_symbols() + routing_symbols() + norm_symbols()
+                                                  + attn_res)
     archs = {arch for arch, _ in variants.ARCHS}
     assert archs == {"sm_90a", "sm_100a"}
     assert len(gemm_symbols()) == sum(len(v.kernel.vecs) for v in variants.VARIANTS) * len(variants.OUT_DTYPES) * len(archs)
@@ -162,6 +164,7 @@ def test_aot_objects_present():
     pairs = [(variants.kernel_symbol(v, vec, dt, arch), arch) for v, vec, dt, arch, _ in variants.compiled_kernels()]
     pairs += [(variants.router_kernel_symbol(r, dt, arch), arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
     pairs += [(variants.norm_kernel_symbol(k, arch), arch) for k, arch, _ in variants.compiled_norm_kernels()]
+    pairs += [(variants.attn_res_kernel_symbol(arch), arch) for arch, _ in variants.ARCHS]
     for symbol, arch in pairs:
         for suffix in (".o", ".h", ".ptx"):
             assert (AOT_DIR / arch / f"{symbol}{suffix}").stat().st_size > 0, f"{arch}/{symbol}{suffix}"
@@ -225,16 +228,19 @@ def test_ptx_prefetch_loads_read_the_weight_pointer():
 
 @requires_aot_build
 @pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
-def test_ptx_norm_kernels_signal_at_entry_and_read_only_their_weight_before_the_wait(arch):
-    """The norm lets a router behind it launch at once, and before its grid-dependency wait
-    it reads nothing an earlier kernel writes: only one step of the norm weight (param 2)."""
+def test_ptx_norm_kernels_signal_after_their_first_loads_and_read_only_their_weight_before_the_wait(arch):
+    """Before its grid-dependency wait the norm reads nothing an earlier kernel writes (only
+    one step of the norm weight, param 2); it lets a router behind it launch once its first
+    step of x (and residual) is in flight, so that router's weights queue behind them."""
     for norm, a, _ in variants.compiled_norm_kernels():
         if a != arch:
             continue
         ptx = ptx_body(variants.norm_kernel_symbol(norm, arch), arch)
         head = ptx.partition("griddepcontrol.wait")[0]
-        assert "griddepcontrol.launch_dependents" in head
+        assert "griddepcontrol.launch_dependents" not in head and ptx.count("griddepcontrol.launch_dependents") == 1
         assert len(global_loads_before(ptx)) == norm.unroll
+        rows = 2 if norm.op == "fused_add_rms_norm" else 1
+        assert len(global_loads_before(ptx, "griddepcontrol.launch_dependents")) == norm.unroll * (1 + rows)
         params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
         assert "2" in params.values(), params
         loaded = re.findall(r"ld\.global[.\w]*\s+(?:\{[^}]*\}|%[\w]+), \[(%rd\d+)\];", head)
@@ -348,3 +354,15 @@ def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
             addr = re.search(r"cp\.async\.bulk\.prefetch\.L2\.global \[(%rd\d+)\]", head).group(1)
             rounded = re.search(rf"and\.b64\s+{addr}, (%rd\d+), -16;", head).group(1)
             assert re.search(rf"add\.s64\s+{rounded}, {bias}, 15;", head), r.name
+
+
+@requires_aot_build
+@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+def test_ptx_attn_res_reads_only_its_weights_before_the_wait_and_signals_after_its_sources(arch):
+    """Before the wait: the three weight vectors alone. The signal to the router comes after
+    every source load (prefix, delta, the blocks): its weights then queue behind them."""
+    ptx = ptx_body(variants.attn_res_kernel_symbol(arch), arch)
+    assert len(global_loads_before(ptx)) == 3
+    assert ptx.count("griddepcontrol.launch_dependents") == 1
+    assert len(global_loads_before(ptx, "griddepcontrol.launch_dependents")) == 3 + 2 + variants.ATTN_RES_KERNEL.max_blocks
+    assert ".v4." in "".join(re.findall(r"ld\.global[.\w]*", ptx))
