@@ -14,7 +14,7 @@ repo=$PWD
 read -r -a versions <<<"${KIMI_WHEEL_TORCH:-2.14.0 2.14.1 2.11.0 2.10.0 2.15.0}"
 oldest=2.10.0  # also built from source against it
 vllm_torch=2.14.0 vllm=0.33.0  # that venv gets vLLM (pyproject's vllm extra) and its tests
-tests=(test_op.py test_router.py test_moe_routing.py test_softmax_routing.py test_rms_norm.py
+tests=(test_op.py test_router.py test_moe_routing.py test_softmax_routing.py test_rms_norm.py test_attn_res.py
        test_errors.py test_layouts.py test_stable_abi.py)
 
 rm -rf dist

@@ -16,10 +16,10 @@ later the output's sum of squares, are added across the cluster through distribu
 memory: each warp stores its partials into every CTA's mailbox, and after one cluster
 barrier every CTA adds the slots of a value in slot order, so all CTAs see the same bits.
 
-Launched with programmatic dependent launch: it loads its three weight vectors, waits before
-reading prefix, delta and blocks, issues those loads, then lets its dependents launch (their
-grid-dependency wait returns only after this grid has finished, so the signal is safe): the
-router behind it streams its weights during the cross-CTA reductions, not ahead of our loads.
+Launched with programmatic dependent launch: it lets its dependents launch at entry (their
+grid-dependency wait returns only after this grid has finished, so the signal is safe, and
+the router behind it streams its weights meanwhile), loads its three weight vectors, then
+waits before reading prefix, delta and blocks.
 """
 
 import cuda.bindings.driver as cuda
@@ -159,6 +159,7 @@ class AttnRes:
         # A CTA may write a peer's shared memory only once the peer runs: arrive now, wait
         # just before the first remote store (long satisfied by then).
         cute.arch.cluster_arrive_relaxed()
+        cute.arch.griddepcontrol_launch_dependents()
 
         # The weights are parameters, not the previous kernel's output: load before the wait.
         nw = cute.make_rmem_tensor((VEC,), BFloat16)
@@ -181,10 +182,6 @@ class AttnRes:
         for s in cutlass.range_constexpr(S - 1):
             if (s < num_blocks) & (s != block_write_idx):
                 self._load(blocks[token, s, (None, col)], src[None, s])
-        # Let the router launch once our loads are in flight (the compiler keeps loads above
-        # this), not at entry: its weight stream, launched first, held our loads behind it
-        # and doubled our time (docs/kernel-notes.md). It still streams while we reduce.
-        cute.arch.griddepcontrol_launch_dependents()
 
         if has_delta != 0:
             src[None, S - 1].store((src[None, S - 1].load().to(Float32) + dv.load().to(Float32)).to(BFloat16))

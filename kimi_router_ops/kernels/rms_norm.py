@@ -10,12 +10,11 @@ use, so a row of 7168 is one step and one memory round trip (128 threads of 8 ve
 The second pass reuses the registers (longer rows read each step again, from L1) and the
 weight step loaded before the wait.
 
-Launched with programmatic dependent launch. The norm weight is a parameter, so its first
-step is loaded before the grid-dependency wait; x and residual (an earlier kernel writes
-them) after it. It lets its dependents launch once its first loads of x are in flight:
-their own wait returns only once this grid has finished and flushed, so the signal is
-safe, and a router behind it streams its weights while the norm reduces; at entry, that
-stream went first and held the norm's own loads behind it.
+Launched with programmatic dependent launch. It lets its dependents launch at entry:
+their own grid-dependency wait returns only once this grid has finished and flushed, so the
+signal is always safe, and the earlier it comes the longer a router kernel behind it can
+stream its weights. It waits before reading x and residual (an earlier kernel writes
+them); the norm weight is a parameter, so its first step is loaded before the wait.
 """
 
 import cuda.bindings.driver as cuda
@@ -101,6 +100,7 @@ class RmsNorm:
         w_regs = cute.make_rmem_tensor((vec, unroll), cutlass.BFloat16)
         o_regs = cute.make_rmem_tensor((vec, unroll), cutlass.BFloat16)
 
+        cute.arch.griddepcontrol_launch_dependents()
         _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
         for u in cutlass.range_constexpr(unroll):
             self._copy(wv[0, (None, first_columns[u])], w_regs[None, u])
@@ -111,10 +111,6 @@ class RmsNorm:
         for s in cutlass.range(n_steps, unroll=1):
             kv, columns = self._step_columns(s, tidx, kv_count)
             self._load_row(xv, rv, row, columns, x_regs, r_regs)
-            if s == 0:
-                # The router behind us launches once our first loads are in flight: launched
-                # at entry, its weight stream held our loads behind it (docs/kernel-notes.md).
-                cute.arch.griddepcontrol_launch_dependents()
             for u in cutlass.range_constexpr(unroll):
                 if kv[u] < kv_count:
                     v = self._summed(x_regs, r_regs, u)
