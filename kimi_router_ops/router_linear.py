@@ -22,11 +22,12 @@ class RouterLinear(nn.Module):
 
     def __init__(self, in_features: int, num_experts: int, out_dtype=torch.float32, device=None):
         super().__init__()
+        # Argument errors are RuntimeErrors, as the ops' are (docs/api.md).
         if out_dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"RouterLinear: out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
+            raise RuntimeError(f"RouterLinear: out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
         if in_features < 1 or num_experts < 1:
-            raise ValueError(f"RouterLinear: in_features and num_experts must be >= 1, got "
-                             f"{in_features} and {num_experts}")
+            raise RuntimeError(f"RouterLinear: in_features and num_experts must be >= 1, got "
+                               f"{in_features} and {num_experts}")
         self.in_features = in_features
         self.num_experts = num_experts
         self.out_dtype = out_dtype
@@ -39,7 +40,7 @@ class RouterLinear(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's initialization
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        torch._check_value(
+        torch._check(
             x.dim() >= 1 and x.shape[-1] == self.in_features,
             lambda: f"RouterLinear: x must have in_features={self.in_features} as its last dimension, "
             f"got shape {list(x.shape)}",
@@ -51,7 +52,7 @@ class RouterLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, out_dtype=torch.float32) -> "RouterLinear":
         """A RouterLinear with `linear`'s weight (cast to bf16); `linear` must have no bias."""
         if linear.bias is not None:
-            raise ValueError("RouterLinear.from_linear: the router gate must have no bias")
+            raise RuntimeError("RouterLinear.from_linear: the router gate must have no bias")
         gate = cls(linear.in_features, linear.out_features, out_dtype, device=linear.weight.device)
         with torch.no_grad():
             gate.weight.copy_(linear.weight)

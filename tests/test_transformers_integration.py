@@ -99,14 +99,17 @@ def test_patch_is_idempotent_and_state_dict_unchanged():
     assert all(isinstance(r, transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3TopkRouter) for r in routers(model))
 
 
-def test_fp32_model_keeps_transformers_forward():
+def test_fp32_model_keeps_transformers_forward_and_says_so():
     model = tiny_model(dtype=torch.float32)
     hidden = torch.randn(5, 256)
     router = routers(model)[0]
     expected = router(hidden)
-    kimi_tf.patch(model)
-    for a, b in zip(router(hidden), expected):
-        assert torch.equal(a, b)
+    with pytest.warns(RuntimeWarning, match="DeepseekV3TopkRouter routers run transformers' forward: the ops take "
+                                            "bf16 weights, got torch.float32"):
+        kimi_tf.patch(model)
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="got torch.float32 and torch.float32"):
+        for a, b in zip(router(hidden), expected):
+            assert torch.equal(a, b)
 
 
 @torch.no_grad()
@@ -128,7 +131,8 @@ def test_training_keeps_transformers_forward_and_its_gradients(op_calls):
     router = routers(model)[0]
     hidden = torch.randn(4, 256).to(torch.bfloat16)
     kimi_tf.patch(model)
-    logits, weights, ids = router(hidden)
+    with pytest.warns(RuntimeWarning, match="gradients are enabled and the ops have no derivative"):
+        logits, weights, ids = router(hidden)
     weights.sum().backward()  # transformers' differentiable path
     assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
     assert op_calls == []

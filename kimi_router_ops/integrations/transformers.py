@@ -22,13 +22,17 @@ Each patched forward computes what transformers' forward computes, with the same
 A patched router falls back to transformers' forward when a gradient is wanted (the ops
 have none: run inference under `torch.no_grad()` or `torch.inference_mode()`), when the
 model is not in bf16 (the ops take bf16 inputs, and casting an fp32 model's inputs would
-change its numbers), and for a DeepSeek-V2 topk_method it does not know.
+change its numbers), and for a DeepSeek-V2 topk_method it does not know; it says so with a
+`RuntimeWarning` (shown once per router class and reason), and `patch` warns at once about
+routers whose weights are not bf16.
 
 The router is patched by swapping its class for a subclass that overrides `forward` (so
 `isinstance`, hooks, output recording, state dicts and `torch.compile` see the same module);
 nothing here imports transformers, which stays an optional dependency (tested: 5.23, whose
 routers of one family share one forward, word for word).
 """
+
+import warnings
 
 import torch
 from torch import nn
@@ -110,16 +114,32 @@ ROUTER_CLASSES = tuple(ROUTERS)
 _patched_classes: dict[type, type] = {}
 
 
+def _fallback_reason(router, hidden_states: torch.Tensor):
+    """Why a patched router runs transformers' forward (None: it runs ours)."""
+    forward, _ = ROUTERS[router._kimi_original_class.__name__]
+    if torch.is_grad_enabled() and (router.weight.requires_grad or hidden_states.requires_grad):
+        return ("gradients are enabled and the ops have no derivative (run inference under "
+                "torch.no_grad() or torch.inference_mode())")
+    if router.weight.dtype != torch.bfloat16 or hidden_states.dtype != torch.bfloat16:
+        return (f"the ops take bf16 weights and inputs, got {router.weight.dtype} and "
+                f"{hidden_states.dtype} (load the model in torch.bfloat16)")
+    if forward is _deepseek_v2 and router.topk_method not in ("greedy", "group_limited_greedy"):
+        return f"topk_method {router.topk_method!r} is not one the ops compute"
+    return None
+
+
+def _warn_fallback(router_class: type, reason: str) -> None:
+    # One message per class and reason: Python's default filter shows it once, not per layer.
+    warnings.warn(f"kimi_router_ops: patched {router_class.__name__} routers run transformers' forward: {reason}",
+                  RuntimeWarning, stacklevel=3)
+
+
 def _router_forward(self, hidden_states: torch.Tensor):
-    forward, _ = ROUTERS[self._kimi_original_class.__name__]
-    needs_grad = torch.is_grad_enabled() and (self.weight.requires_grad or hidden_states.requires_grad)
-    unknown_method = forward is _deepseek_v2 and self.topk_method not in ("greedy", "group_limited_greedy")
-    if (needs_grad or unknown_method or self.weight.dtype != torch.bfloat16
-            or hidden_states.dtype != torch.bfloat16):
-        # Training (the ops have no derivative), a model not in bf16, or a routing we do not
-        # know: transformers' forward.
+    reason = _fallback_reason(self, hidden_states)
+    if reason is not None:
+        _warn_fallback(self._kimi_original_class, reason)
         return self._kimi_original_class.forward(self, hidden_states)
-    return forward(self, hidden_states)
+    return ROUTERS[self._kimi_original_class.__name__][0](self, hidden_states)
 
 
 def _is_router(module: nn.Module) -> bool:
@@ -138,7 +158,8 @@ def _patched_class(cls: type) -> type:
 
 def patch(model: nn.Module) -> int:
     """Route every router of ROUTER_CLASSES in `model` through kimi_router_ops' ops; returns
-    how many routers were patched (already patched ones are left as they are)."""
+    how many routers were patched (already patched ones are left as they are). Warns about
+    routers whose weights are not bf16: those will run transformers' forward."""
     count = 0
     for name, module in model.named_modules():
         if not _is_router(module):
@@ -149,6 +170,9 @@ def patch(model: nn.Module) -> int:
                 f"{name}: this {type(module).__name__} lacks {missing}; kimi_router_ops supports "
                 "the transformers 5.x router (tested with 5.23)"
             )
+        if module.weight.dtype != torch.bfloat16:
+            _warn_fallback(type(module), f"the ops take bf16 weights, got {module.weight.dtype} "
+                                         "(load the model in torch.bfloat16)")
         module.__class__ = _patched_class(type(module))
         count += 1
     return count
