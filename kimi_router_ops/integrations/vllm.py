@@ -43,6 +43,7 @@ import sys
 import torch
 
 from .. import ops
+from ..variants import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_VLLM", "KIMI_ROUTER_OPS_VLLM_GATE", "KIMI_ROUTER_OPS_VLLM_ROUTING"
 ENV_ATTN_RES = "KIMI_ROUTER_OPS_VLLM_ATTN_RES"
@@ -53,8 +54,6 @@ ROUTING_MODULES = {
 }
 # Kimi-K3's AttnRes: the function's module, and the model module that imported its name.
 ATTN_RES_MODULES = ("vllm.models.kimi_k3.nvidia.ops", "vllm.models.kimi_k3.nvidia.model")
-# What our AttnRes kernel serves (kimi_router_ops/variants.py, ATTN_RES_KERNEL).
-ATTN_RES_MAX_BLOCKS, ATTN_RES_MAX_HIDDEN = 15, 8192
 ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 logger = logging.getLogger("vllm.kimi_router_ops")  # a child of vLLM's logger: vLLM's format
 _originals: dict[str, object] = {}  # what register() replaced: name -> vLLM's own
@@ -254,7 +253,7 @@ def _attn_res_served(prefix, delta, blocks, norm_weight, qk_weight, output_norm_
     tensors = [t for t in (prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight) if t is not None]
     h = prefix.shape[-1]
     return (all(t.dtype == torch.bfloat16 for t in tensors) and prefix.dim() == 2 and blocks.dim() == 3
-            and h % 8 == 0 and h <= ATTN_RES_MAX_HIDDEN and num_blocks <= ATTN_RES_MAX_BLOCKS)
+            and h % 8 == 0 and h <= ATTN_RES_KERNEL.max_hidden and num_blocks <= ATTN_RES_KERNEL.max_blocks)
 
 
 def attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks, block_write_idx,
