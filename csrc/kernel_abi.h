@@ -22,14 +22,23 @@ struct Tensor3Arg {
   int64_t strides[2];
 };
 
-using LaunchFn = int32_t (*)(TensorArg* x, TensorArg* w, TensorArg* out, cudaStream_t stream);
+// A GEMM kernel's arguments: x [M, K], w [N, K], gate_bias [1, N] (w's dtype; without one a
+// stand-in, never read: has_gate_bias = 0), out [M, N].
+struct GemmArgs {
+  TensorArg x, w, gate_bias, out;
+  int32_t has_gate_bias;
+};
+
+using LaunchFn = int32_t (*)(GemmArgs* args, cudaStream_t stream);
 using ModuleFn = void (*)(void** args);
 
-// One compiled kernel: a variant row compiled for one vector width, output dtype and arch.
+// One compiled kernel: a variant row compiled for one vector width, hidden_states dtype,
+// output dtype and arch.
 struct CompiledKernel {
   const char* symbol;
   int variant;  // index into kVariantRows
   int vec;
+  c10::ScalarType x_dtype;
   c10::ScalarType out_dtype;
   int sm;  // compute capability it runs on, major * 10 + minor
   ModuleFn init;  // loads the embedded cubin (once per process)
@@ -37,12 +46,13 @@ struct CompiledKernel {
   LaunchFn launch;
 };
 
-// The fused router's arguments (kernels/ll_bf16_router.py); bias, weights, ids and handoff
-// are rank-2 as well ([1, N], [M, top_k], [M, top_k], [M, N]).
+// The fused router's arguments (kernels/ll_bf16_router.py); gate_bias, bias, weights, ids
+// and handoff are rank-2 as well ([1, N], [1, N], [M, top_k], [M, top_k], [M, N]).
 struct RouterArgs {
-  TensorArg x, w, bias, logits, weights, ids, handoff;
+  TensorArg x, w, gate_bias, bias, logits, weights, ids, handoff;
   int32_t top_k, n_group, topk_group, renormalize, has_bias, softmax;
   float scaling;
+  int32_t has_gate_bias;
 };
 
 using RouterLaunchFn = int32_t (*)(RouterArgs* args, cudaStream_t stream);

@@ -14,11 +14,10 @@
 
 namespace kimi {
 
-void check_inputs(const Tensor& x, const Tensor& w, ScalarType out_dtype, const char* op) {
-  KIMI_CHECK(x.scalar_type() == kBFloat16, op,
-                   ": hidden_states must be torch.bfloat16, got ", dtype_name(x.scalar_type()));
-  KIMI_CHECK(w.scalar_type() == kBFloat16, op,
-                   ": router_weight must be torch.bfloat16, got ", dtype_name(w.scalar_type()));
+namespace {
+
+// Shapes, devices and out_dtype: the part of the contract every GEMM op shares.
+void check_shapes(const Tensor& x, const Tensor& w, ScalarType out_dtype, const char* op) {
   KIMI_CHECK(x.dim() == 2, op, ": hidden_states must be 2-D [M, K], got shape ",
                    x.sizes());
   KIMI_CHECK(w.dim() == 2, op, ": router_weight must be 2-D [N, K], got shape ",
@@ -37,10 +36,50 @@ void check_inputs(const Tensor& x, const Tensor& w, ScalarType out_dtype, const 
                    dtype_name(out_dtype));
 }
 
-Tensor gemm_reference(const Tensor& x, const Tensor& w, ScalarType out_dtype) {
+bool is_float_or_bf16(ScalarType t) { return t == kFloat || t == kBFloat16; }
+
+}  // namespace
+
+void check_inputs(const Tensor& x, const Tensor& w, ScalarType out_dtype, const char* op) {
+  KIMI_CHECK(x.scalar_type() == kBFloat16, op,
+                   ": hidden_states must be torch.bfloat16, got ", dtype_name(x.scalar_type()));
+  KIMI_CHECK(w.scalar_type() == kBFloat16, op,
+                   ": router_weight must be torch.bfloat16, got ", dtype_name(w.scalar_type()));
+  check_shapes(x, w, out_dtype, op);
+}
+
+void check_router_gemm_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
+                              ScalarType out_dtype, const char* op) {
+  KIMI_CHECK(is_float_or_bf16(w.scalar_type()), op,
+             ": router_weight must be torch.bfloat16 or torch.float32, got ",
+             dtype_name(w.scalar_type()));
+  KIMI_CHECK(is_float_or_bf16(x.scalar_type()), op,
+             ": hidden_states must be torch.bfloat16 or torch.float32, got ",
+             dtype_name(x.scalar_type()));
+  KIMI_CHECK(w.scalar_type() == kFloat || x.scalar_type() == kBFloat16, op,
+             ": bf16 router_weight takes bf16 hidden_states, got ", dtype_name(x.scalar_type()));
+  check_shapes(x, w, out_dtype, op);
+  if (gate_bias.has_value()) {
+    const Tensor& b = *gate_bias;
+    KIMI_CHECK(b.scalar_type() == w.scalar_type(), op,
+               ": bias must have router_weight's dtype ", dtype_name(w.scalar_type()), ", got ",
+               dtype_name(b.scalar_type()));
+    KIMI_CHECK(b.dim() == 1 && b.size(0) == w.size(0), op, ": bias must have shape [N]=[",
+               w.size(0), "], got ", b.sizes());
+    KIMI_CHECK(b.device() == w.device(), op,
+               ": bias must be on the device of router_weight, got ", b.device(), " and ",
+               w.device());
+  }
+}
+
+Tensor gemm_reference(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
+                      ScalarType out_dtype) {
   const NoGradGuard no_grad;
-  const Tensor logits = aten::mm(torch::stable::to(x, kFloat),
-                                 torch::stable::transpose(torch::stable::to(w, kFloat), 0, 1));
+  Tensor logits = aten::mm(torch::stable::to(x, kFloat),
+                           torch::stable::transpose(torch::stable::to(w, kFloat), 0, 1));
+  if (gate_bias.has_value()) {
+    logits = aten::add(logits, torch::stable::to(*gate_bias, kFloat));
+  }
   return torch::stable::to(logits, out_dtype);
 }
 
@@ -50,7 +89,8 @@ bool kernels_support(int64_t sm, int64_t N, int64_t K) {
   return (sm == 90 || sm == 100) && N <= kInt32Max && K <= kInt32Max;
 }
 
-Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, bool vec8_ok) {
+Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, ScalarType weight_dtype,
+                     bool vec16_ok) {
   const Choice cublas{nullptr, 0};
   if (!kernels_support(sm, N, K)) {
     return cublas;
@@ -58,14 +98,14 @@ Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, bool vec8_ok) 
   // The first line of CHOICES that takes the problem (variants.py); a row built for 16-byte
   // loads only is passed over when the input does not allow them. No line: cuBLAS.
   for (const ChoiceRow& choice : kChoiceRows) {
-    if (choice.m_lo <= M && M <= choice.m_hi && choice.n_min <= N && N <= choice.n_max &&
-        choice.k_min <= K && K <= choice.k_max) {
+    if (choice.weight_dtype == weight_dtype && choice.m_lo <= M && M <= choice.m_hi &&
+        choice.n_min <= N && N <= choice.n_max && choice.k_min <= K && K <= choice.k_max) {
       if (choice.variant < 0) {
         return cublas;
       }
       const VariantRow& row = kVariantRows[choice.variant];
-      if (vec8_ok || row.scalar_loads) {
-        return {&row, vec8_ok ? 8 : 1};
+      if (vec16_ok || row.scalar_loads) {
+        return {&row, vec16_ok ? row.vec16 : 1};
       }
     }
   }
@@ -78,6 +118,8 @@ std::string describe(const Choice& choice) {
   }
   return std::string(choice.row->name) + ":vec" + std::to_string(choice.vec);
 }
+
+int vec16_elements(ScalarType weight_dtype) { return weight_dtype == kFloat ? 4 : 8; }
 
 const VariantRow& variant_by_name(const std::string& name) {
   std::ostringstream names;
@@ -99,7 +141,13 @@ namespace {
 
 Tensor ll_bf16_gemm_cpu(const Tensor& x, const Tensor& w, ScalarType out_dtype) {
   check_inputs(x, w, out_dtype);
-  return gemm_reference(x, w, out_dtype);
+  return gemm_reference(x, w, std::nullopt, out_dtype);
+}
+
+Tensor router_gemm_cpu(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+                       ScalarType out_dtype) {
+  check_router_gemm_inputs(x, w, bias, out_dtype, "router_gemm");
+  return gemm_reference(x, w, bias, out_dtype);
 }
 
 Tensor ll_bf16_gemm_with_variant_cpu(const Tensor& x, const Tensor& w, const std::string& variant,
@@ -107,21 +155,26 @@ Tensor ll_bf16_gemm_with_variant_cpu(const Tensor& x, const Tensor& w, const std
   if (variant != "cublas") {
     variant_by_name(variant);
   }
-  return ll_bf16_gemm_cpu(x, w, out_dtype);
+  check_router_gemm_inputs(x, w, std::nullopt, out_dtype, "ll_bf16_gemm_with_variant");
+  return gemm_reference(x, w, std::nullopt, out_dtype);
 }
 
 std::string ll_bf16_gemm_variant(int64_t M, int64_t N, int64_t K, ScalarType out_dtype,
-                                 int64_t sm, bool aligned) {
+                                 int64_t sm, bool aligned, ScalarType weight_dtype) {
   KIMI_CHECK(M >= 0 && N >= 1 && K >= 1,
                    "ll_bf16_gemm_variant: expected M >= 0, N >= 1, K >= 1, got M=", M, " N=", N,
                    " K=", K);
   KIMI_CHECK(out_dtype == kFloat || out_dtype == kBFloat16,
                    "ll_bf16_gemm_variant: out_dtype must be torch.float32 or torch.bfloat16, got ",
                    dtype_name(out_dtype));
+  KIMI_CHECK(is_float_or_bf16(weight_dtype),
+             "ll_bf16_gemm_variant: weight_dtype must be torch.bfloat16 or torch.float32, got ",
+             dtype_name(weight_dtype));
   if (M == 0) {
     return "empty";
   }
-  return describe(choose_kernel(M, N, K, sm, aligned && K % 8 == 0));
+  return describe(choose_kernel(M, N, K, sm, weight_dtype,
+                                aligned && K % vec16_elements(weight_dtype) == 0));
 }
 
 }  // namespace
@@ -130,14 +183,19 @@ STABLE_TORCH_LIBRARY(kimi, m) {
   m.def(
       "ll_bf16_gemm(Tensor hidden_states, Tensor router_weight, "
       "ScalarType out_dtype=float32) -> Tensor");
-  // The same computation with the kernel named instead of chosen: for benchmarks and tests.
+  // router_gemm without a bias, with the kernel named instead of chosen (any weight dtype
+  // the named row takes): for benchmarks and tests.
   m.def(
       "ll_bf16_gemm_with_variant(Tensor hidden_states, Tensor router_weight, str variant, "
       "ScalarType out_dtype=float32) -> Tensor");
   // The dispatch's choice for a problem, as "<variant>:vec<8|1>", "cublas" or "empty".
   m.def(
       "ll_bf16_gemm_variant(int M, int N, int K, ScalarType out_dtype=float32, int sm=90, "
-      "bool aligned=True) -> str");
+      "bool aligned=True, ScalarType weight_dtype=bfloat16) -> str");
+  // The router GEMM for bf16 or fp32 router weights, with F.linear's optional bias.
+  m.def(
+      "router_gemm(Tensor hidden_states, Tensor router_weight, Tensor? bias=None, "
+      "ScalarType out_dtype=float32) -> Tensor");
   m.def("compiled_kernels() -> str[]");
 }
 
@@ -149,6 +207,7 @@ STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
   m.impl("ll_bf16_gemm", TORCH_BOX(&ll_bf16_gemm_cpu));
+  m.impl("router_gemm", TORCH_BOX(&router_gemm_cpu));
   m.impl("ll_bf16_gemm_with_variant", TORCH_BOX(&ll_bf16_gemm_with_variant_cpu));
 }
 

@@ -8,25 +8,37 @@
 
 namespace kimi {
 
-// The op's input contract; every implementation (CPU, CUDA) calls it first, and ops.py's
-// fake implementation checks the same things with the same messages.
-// `op` names the op in the messages.
+// The GEMM's input contract; every implementation (CPU, CUDA) calls it first, and ops.py's
+// fake implementation checks the same things with the same messages. `op` names the op in
+// the messages. The ll_bf16_* ops take bf16 only; router_gemm and router also take fp32
+// router weights (with bf16 or fp32 hidden_states) and a gate bias of the weights' dtype.
 void check_inputs(const Tensor& hidden_states, const Tensor& router_weight, ScalarType out_dtype,
                   const char* op = "ll_bf16_gemm");
+void check_router_gemm_inputs(const Tensor& hidden_states, const Tensor& router_weight,
+                              const OptionalTensor& gate_bias, ScalarType out_dtype,
+                              const char* op);
 
-// The reference: exact bf16 -> fp32 products, fp32 accumulation, one final rounding.
-Tensor gemm_reference(const Tensor& x, const Tensor& w, ScalarType out_dtype);
+// The reference: exact products in fp32 (bf16 inputs widened), fp32 accumulation, the gate
+// bias added in fp32, one final rounding.
+Tensor gemm_reference(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
+                      ScalarType out_dtype);
 
 // Whether the CuTe DSL kernels can run a problem at all on a GPU of compute capability sm.
 bool kernels_support(int64_t sm, int64_t N, int64_t K);
 
-// Which kernel runs for a problem. row == nullptr means cuBLAS (aten::mm).
+// Which kernel runs for a problem. row == nullptr means cuBLAS (aten::mm). vec16_ok: the
+// inputs allow 16-byte loads (the row's vec16 elements); a bf16 row with scalar loads
+// runs them otherwise.
 struct Choice {
   const VariantRow* row;
   int vec;
 };
-Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, bool vec8_ok);
+Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, ScalarType weight_dtype,
+                     bool vec16_ok);
 std::string describe(const Choice& choice);
+
+// Elements of one 16-byte load of router weights of this dtype: 8 (bf16) or 4 (fp32).
+int vec16_elements(ScalarType weight_dtype);
 
 // The table row called `name`; an error listing the valid names if there is none.
 const VariantRow& variant_by_name(const std::string& name);
@@ -37,7 +49,11 @@ std::vector<std::string> compiled_kernel_symbols();
 #ifdef KIMI_WITH_CUDA
 // The GEMM of checked CUDA inputs on the current stream: the chosen kernel, or cuBLAS
 // (csrc/cuda/ll_bf16_gemm_cuda.cpp).
-Tensor gemm_on_gpu(const Tensor& x, const Tensor& w, ScalarType out_dtype);
+Tensor gemm_on_gpu(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
+                   ScalarType out_dtype);
+
+// Whether x and w allow 16-byte loads of w (vec16_elements a load; x's loads take as many).
+bool vec16_ok(const Tensor& x, const Tensor& w);
 #endif
 
 }  // namespace kimi

@@ -2,7 +2,7 @@
 // top-k and the routing weights, as DeepseekV3TopkRouter.forward (sigmoid) and
 // DeepseekV2TopkRouter.forward (softmax) compute them in transformers 5.x:
 //
-//   logits  = hidden_states · router_weightᵀ                      (fp32, the GEMM op)
+//   logits  = hidden_states · router_weightᵀ (+ gate_bias)        (fp32, the GEMM op)
 //   scores  = sigmoid(logits), or with scoring="softmax" softmax(logits) over the N experts
 //   choice  = scores + bias
 //   groups  = n_group equal slices of the experts; a group's score is the sum of its two
@@ -34,19 +34,29 @@ namespace {
 constexpr const char* kOp = "ll_bf16_router";
 }  // namespace
 
-void check_router_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+void check_router_inputs(const char* op, const Tensor& x, const Tensor& w,
+                         const OptionalTensor& bias, const OptionalTensor& gate_bias,
                          int64_t top_k, int64_t n_group, int64_t topk_group, Scoring scoring) {
-  check_inputs(x, w, kFloat, kOp);
-  check_routing_args(kOp, w.size(0), w.device(), "router_weight", bias, top_k, n_group,
+  if (std::string(op) == kOp) {
+    check_inputs(x, w, kFloat, op);
+  } else {
+    check_router_gemm_inputs(x, w, gate_bias, kFloat, op);
+  }
+  check_routing_args(op, w.size(0), w.device(), "router_weight", bias, top_k, n_group,
                      topk_group, scoring);
 }
 
-std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_t K,
-                              int64_t top_k, int64_t n_group, int64_t topk_group, int64_t sm,
-                              bool vec8_ok) {
+std::string router_row_misfit(const RouterRow& row, const RouterProblem& p, int64_t top_k,
+                              int64_t n_group, int64_t topk_group) {
+  const int64_t M = p.M, N = p.N, K = p.K;
   std::ostringstream why;
-  if (!kernels_support(sm, N, K)) {
-    why << "no kernels for sm_" << sm << " or for N=" << N << " K=" << K;
+  if (!kernels_support(p.sm, N, K)) {
+    why << "no kernels for sm_" << p.sm << " or for N=" << N << " K=" << K;
+  } else if (p.weight_dtype != row.weight_dtype) {
+    why << "takes " << dtype_name(row.weight_dtype) << " router_weight, got "
+        << dtype_name(p.weight_dtype);
+  } else if (p.x_dtype != kBFloat16) {
+    why << "takes torch.bfloat16 hidden_states, got " << dtype_name(p.x_dtype);
   } else if (M < 1 || M > row.m_hi) {
     why << "handles 1 <= M <= " << row.m_hi << ", got M = " << M;
   } else if (N > row.n_max) {
@@ -56,17 +66,19 @@ std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_
     why << "picks top_k <= " << kRouterMaxTopK << ", got " << top_k;
   } else if (topk_group < n_group && n_group > kRouterMaxGroups) {
     why << "drops groups only among n_group <= " << kRouterMaxGroups << ", got " << n_group;
-  } else if (!vec8_ok) {
-    why << "needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned data; got K = " << K;
+  } else if (!p.vec16_ok) {
+    const int vec = vec16_elements(row.weight_dtype);
+    why << "needs K % " << vec << " == 0, row strides % " << vec
+        << " == 0 and aligned data; got K = " << K;
   }
   return why.str();
 }
 
-const RouterRow* choose_router(int64_t M, int64_t N, int64_t K, int64_t top_k, int64_t n_group,
-                               int64_t topk_group, int64_t sm, bool vec8_ok) {
+const RouterRow* choose_router(const RouterProblem& p, int64_t top_k, int64_t n_group,
+                               int64_t topk_group) {
   for (const RouterRow& row : kRouterRows) {
-    if (row.automatic && row.m_lo <= M && row.n_min <= N &&
-        router_row_misfit(row, M, N, K, top_k, n_group, topk_group, sm, vec8_ok).empty()) {
+    if (row.automatic && row.m_lo <= p.M && row.n_min <= p.N &&
+        router_row_misfit(row, p, top_k, n_group, topk_group).empty()) {
       return &row;
     }
   }
@@ -87,18 +99,39 @@ const RouterRow& router_row_by_name(const std::string& name) {
 
 namespace {
 
+std::tuple<Tensor, Tensor, Tensor> router_reference(const char* op, const Tensor& x,
+                                                    const Tensor& w, const OptionalTensor& bias,
+                                                    int64_t top_k, int64_t n_group,
+                                                    int64_t topk_group, bool renormalize,
+                                                    double routed_scaling_factor,
+                                                    const std::string& scoring,
+                                                    const OptionalTensor& gate_bias) {
+  const Scoring how = parse_scoring(op, scoring);
+  check_router_inputs(op, x, w, bias, gate_bias, top_k, n_group, topk_group, how);
+  const Tensor logits = gemm_reference(x, w, gate_bias, kFloat);
+  auto [weights, ids] = routing_reference(logits, bias, top_k, n_group, topk_group, renormalize,
+                                          routed_scaling_factor, how);
+  return {weights, ids, logits};
+}
+
 std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cpu(const Tensor& x, const Tensor& w,
                                                       const OptionalTensor& bias, int64_t top_k,
                                                       int64_t n_group, int64_t topk_group,
                                                       bool renormalize,
                                                       double routed_scaling_factor,
                                                       const std::string& scoring) {
-  const Scoring how = parse_scoring(kOp, scoring);
-  check_router_inputs(x, w, bias, top_k, n_group, topk_group, how);
-  const Tensor logits = gemm_reference(x, w, kFloat);
-  auto [weights, ids] = routing_reference(logits, bias, top_k, n_group, topk_group, renormalize,
-                                          routed_scaling_factor, how);
-  return {weights, ids, logits};
+  return router_reference(kOp, x, w, bias, top_k, n_group, topk_group, renormalize,
+                          routed_scaling_factor, scoring, std::nullopt);
+}
+
+std::tuple<Tensor, Tensor, Tensor> router_cpu(const Tensor& x, const Tensor& w,
+                                              const OptionalTensor& bias, int64_t top_k,
+                                              int64_t n_group, int64_t topk_group,
+                                              bool renormalize, double routed_scaling_factor,
+                                              const std::string& scoring,
+                                              const OptionalTensor& gate_bias) {
+  return router_reference("router", x, w, bias, top_k, n_group, topk_group, renormalize,
+                          routed_scaling_factor, scoring, gate_bias);
 }
 
 std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cpu(
@@ -106,22 +139,27 @@ std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cpu(
     int64_t topk_group, bool renormalize, double routed_scaling_factor,
     const std::string& variant, const std::string& scoring) {
   router_row_by_name(variant);
-  return ll_bf16_router_cpu(x, w, bias, top_k, n_group, topk_group, renormalize,
-                            routed_scaling_factor, scoring);
+  return router_reference("ll_bf16_router_with_variant", x, w, bias, top_k, n_group, topk_group,
+                          renormalize, routed_scaling_factor, scoring, std::nullopt);
 }
 
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
                                    int64_t n_group, int64_t topk_group, int64_t sm, bool aligned,
-                                   const std::string& scoring) {
+                                   const std::string& scoring, ScalarType weight_dtype,
+                                   ScalarType x_dtype) {
   KIMI_CHECK(M >= 0 && N >= 1 && K >= 1,
                    "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
                    " N=", N, " K=", K);
   // A problem the op rejects gets the op's error.
   check_routing_args(kOp, N, std::nullopt, "router_weight", std::nullopt, top_k, n_group,
                      topk_group, parse_scoring(kOp, scoring));
-  const RouterRow* row =
-      M == 0 ? nullptr
-             : choose_router(M, N, K, top_k, n_group, topk_group, sm, aligned && K % 8 == 0);
+  KIMI_CHECK((weight_dtype == kFloat || weight_dtype == kBFloat16) &&
+                 (x_dtype == kFloat || x_dtype == kBFloat16),
+             "ll_bf16_router_variant: weight_dtype and x_dtype must be torch.bfloat16 or "
+             "torch.float32, got ", dtype_name(weight_dtype), " and ", dtype_name(x_dtype));
+  const RouterProblem problem{M, N, K, x_dtype, weight_dtype, sm,
+                              aligned && K % vec16_elements(weight_dtype) == 0};
+  const RouterRow* row = M == 0 ? nullptr : choose_router(problem, top_k, n_group, topk_group);
   if (row != nullptr) {
     return row->name;
   }
@@ -147,7 +185,15 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   // "reference".
   m.def(
       "ll_bf16_router_variant(int M, int N, int K, int top_k, int n_group=1, int topk_group=1, "
-      "int sm=90, bool aligned=True, str scoring=\"sigmoid\") -> str");
+      "int sm=90, bool aligned=True, str scoring=\"sigmoid\", ScalarType weight_dtype=bfloat16, "
+      "ScalarType x_dtype=bfloat16) -> str");
+  // The whole router for bf16 or fp32 router weights, with an optional gate bias (added to
+  // the logits, as F.linear's bias; e_score_correction_bias only changes the choice).
+  m.def(
+      "router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
+      "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
+      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None) "
+      "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
@@ -156,6 +202,7 @@ STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
   m.impl("ll_bf16_router", TORCH_BOX(&ll_bf16_router_cpu));
+  m.impl("router", TORCH_BOX(&router_cpu));
   m.impl("ll_bf16_router_with_variant", TORCH_BOX(&ll_bf16_router_with_variant_cpu));
 }
 

@@ -9,19 +9,28 @@
 
 namespace kimi {
 
-// The router op's input contract (every implementation calls it first).
-void check_router_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+// The router ops' input contract (every implementation calls it first): ll_bf16_router's
+// (bf16 only, no gate bias) where op is "ll_bf16_router", router's otherwise.
+void check_router_inputs(const char* op, const Tensor& x, const Tensor& w,
+                         const OptionalTensor& bias, const OptionalTensor& gate_bias,
                          int64_t top_k, int64_t n_group, int64_t topk_group, Scoring scoring);
 
-// The fused router row for a problem on a GPU of compute capability sm, or nullptr (the
-// GEMM op's kernel, then the routing op's).
-const RouterRow* choose_router(int64_t M, int64_t N, int64_t K, int64_t top_k, int64_t n_group,
-                               int64_t topk_group, int64_t sm, bool vec8_ok);
+// What the choice of a fused router row depends on besides the routing arguments.
+struct RouterProblem {
+  int64_t M, N, K;
+  ScalarType x_dtype, weight_dtype;
+  int64_t sm;
+  bool vec16_ok;  // the inputs allow 16-byte loads of the weights
+};
+
+// The fused router row for a problem, or nullptr (the GEMM op's kernel, then the routing
+// op's).
+const RouterRow* choose_router(const RouterProblem& p, int64_t top_k, int64_t n_group,
+                               int64_t topk_group);
 
 // Why `row` cannot run a problem ("" if it can).
-std::string router_row_misfit(const RouterRow& row, int64_t M, int64_t N, int64_t K,
-                              int64_t top_k, int64_t n_group, int64_t topk_group, int64_t sm,
-                              bool vec8_ok);
+std::string router_row_misfit(const RouterRow& row, const RouterProblem& p, int64_t top_k,
+                              int64_t n_group, int64_t topk_group);
 
 // The router table row called `name`; an error listing the valid names if there is none.
 const RouterRow& router_row_by_name(const std::string& name);

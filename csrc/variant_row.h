@@ -1,5 +1,7 @@
 #pragma once
 
+#include <torch/headeronly/core/ScalarType.h>
+
 #include <cstdint>
 
 namespace kimi {
@@ -10,8 +12,8 @@ struct VariantRow {
   int m_hi;  // a dot product's token bucket
   int max_m;  // the largest M the kernel computes
   bool scalar_loads;  // also compiled with scalar loads (any K, any alignment)
-  bool prefetch;
-  bool pdl;
+  int vec16;  // elements per 16-byte load: 8 (bf16 weights) or 4 (fp32)
+  c10::ScalarType weight_dtype;
 };
 
 // One line of the automatic choice (CHOICES): the kernel for m_lo <= M <= m_hi,
@@ -20,6 +22,7 @@ struct ChoiceRow {
   int variant;  // index into kVariantRows, or -1
   int m_lo, m_hi;
   int64_t n_min, n_max, k_min, k_max;
+  c10::ScalarType weight_dtype;
 };
 
 // One row of the fused router table (ROUTER_VARIANTS): a GEMM kernel plus routing.
@@ -30,6 +33,7 @@ struct RouterRow {
   int n_min;
   int n_max;  // also the most experts its routing handles (compiled in)
   bool automatic;  // false: run only when asked for by name
+  c10::ScalarType weight_dtype;  // of its GEMM row
 };
 
 }  // namespace kimi

@@ -1,6 +1,7 @@
 """kimi_router_ops: the low-latency MoE router GEMM as a PyTorch op.
 
     logits = kimi_router_ops.ll_bf16_gemm(hidden_states, router_weight)  # fp32 [M, N]
+    logits = kimi_router_ops.router_gemm(hidden_states, fp32_or_bf16_weight, bias)
     weights, ids, logits = kimi_router_ops.ll_bf16_router(hidden_states, router_weight, bias, top_k)
     weights, ids = kimi_router_ops.moe_routing(logits, bias, top_k)       # routing alone
 
@@ -28,6 +29,8 @@ from .ops import (
     ll_bf16_router_with_variant,
     moe_routing,
     rms_norm,
+    router,
+    router_gemm,
 )
 from .router_linear import RouterLinear
 
@@ -44,4 +47,6 @@ __all__ = [
     "ll_bf16_router_with_variant",
     "moe_routing",
     "rms_norm",
+    "router",
+    "router_gemm",
 ]

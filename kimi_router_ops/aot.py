@@ -27,35 +27,49 @@ import variants  # noqa: E402
 RUNTIME_LIB = "libcuda_dialect_runtime_static.a"
 
 
-def fake_arguments(vec: int, out_dtype: str):
-    """Fake x [M, K], w [N, K], out [M, N]: every size and row stride is a run-time value."""
+def _dsl_type(dtype: str):
     import cutlass
+
+    return {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16}[dtype]
+
+
+def fake_gemm_tensors(vec: int, x_dtype: str, weight_dtype: str, out_dtype: str):
+    """Fake x [M, K], w [N, K], gate_bias [1, N] (w's dtype), out [M, N]: every size and row
+    stride is a run-time value."""
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
     m, n = cute.sym_int32(symbol="M"), cute.sym_int32(symbol="N")
     k = cute.sym_int32(divisibility=vec, symbol="K")
-    out_type = {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16}[out_dtype]
-    x = make_fake_tensor(
-        cutlass.BFloat16, (m, k), (cute.sym_int64(divisibility=vec), 1), assumed_align=2 * vec
-    )
-    w = make_fake_tensor(
-        cutlass.BFloat16, (n, k), (cute.sym_int64(divisibility=vec), 1), assumed_align=2 * vec
-    )
-    out = make_fake_tensor(
-        out_type, (m, n), (cute.sym_int64(), 1), assumed_align=out_type.width // 8
-    )
-    return x, w, out
+
+    def operand(dtype, rows):
+        t = _dsl_type(dtype)
+        return make_fake_tensor(t, (rows, k), (cute.sym_int64(divisibility=vec), 1), assumed_align=vec * t.width // 8)
+
+    def row_major(dtype, shape):
+        t = _dsl_type(dtype)
+        return make_fake_tensor(t, shape, (cute.sym_int64(), 1), assumed_align=t.width // 8)
+
+    gate_bias = row_major(weight_dtype, (cute.sym_int32(symbol="ONE"), n))
+    return operand(x_dtype, m), operand(weight_dtype, n), gate_bias, row_major(out_dtype, (m, n))
 
 
-def fake_router_arguments(bias_dtype: str):
-    """Fake x, w, bias [1, N], logits [M, N], weights and ids [M, top_k], handoff [M, N] and
-    the routing scalars: all sizes and row strides are run-time values."""
+def fake_arguments(vec: int, x_dtype: str, weight_dtype: str, out_dtype: str):
+    """A GEMM kernel's arguments: x, w, gate_bias, out and has_gate_bias."""
+    import cutlass
+
+    return [*fake_gemm_tensors(vec, x_dtype, weight_dtype, out_dtype), cutlass.Int32(0)]
+
+
+def fake_router_arguments(weight_dtype: str, bias_dtype: str):
+    """Fake x, w, gate_bias, bias [1, N], logits [M, N], weights and ids [M, top_k], handoff
+    [M, N] and the routing scalars: all sizes and row strides are run-time values."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_tensor
 
-    x, w, logits = fake_arguments(8, "float32")
+    vec = 8 if weight_dtype == "bfloat16" else 4
+    x, w, gate_bias, logits = fake_gemm_tensors(vec, "bfloat16", weight_dtype, "float32")
     m, n, top_k = cute.sym_int32(symbol="M"), w.shape[0], cute.sym_int32(symbol="TOPK")
     bias_type = {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16}[bias_dtype]
 
@@ -65,8 +79,9 @@ def fake_router_arguments(bias_dtype: str):
     bias = fake(bias_type, (cute.sym_int32(symbol="ONE"), n))
     weights, ids = fake(cutlass.Float32, (m, top_k)), fake(cutlass.Int32, (m, top_k))
     handoff = fake(cutlass.Int32, (m, n))
-    scalars = [cutlass.Int32(1)] * 6 + [cutlass.Float32(1.0)]  # top_k .. softmax, scaling
-    return [x, w, bias, logits, weights, ids, handoff, *scalars]
+    # top_k .. softmax, scaling, has_gate_bias
+    scalars = [cutlass.Int32(1)] * 6 + [cutlass.Float32(1.0), cutlass.Int32(0)]
+    return [x, w, gate_bias, bias, logits, weights, ids, handoff, *scalars]
 
 
 def fake_routing_arguments(logits_dtype: str, bias_dtype: str):
@@ -123,7 +138,7 @@ def fake_attn_res_arguments():
     return [fake(m), fake(m), blocks, fake(one), fake(one), fake(one), fake(m), *scalars]
 
 
-def kernel_object(variant, vec, trigger=None):
+def kernel_object(variant, vec, x_dtype="bfloat16", trigger=None):
     """The kernel class of the variant's family, with the variant's compile-time parameters
     (and its trigger point unless another is given: a fused router row's own)."""
     from dataclasses import asdict
@@ -134,27 +149,30 @@ def kernel_object(variant, vec, trigger=None):
     family = {variants.Dotprod: LLBf16Dotprod, variants.Mma: LLBf16Mma}[type(variant.kernel)]
     params = asdict(variant.kernel)
     if family is LLBf16Dotprod:
-        params.update(vec=vec, max_m=variant.m_hi)
+        params.update(vec=vec, max_m=variant.m_hi, weight_dtype=_dsl_type(params["weight_dtype"]),
+                      x_dtype=_dsl_type(x_dtype))
     return family(prefetch=variant.prefetch, pdl=variant.pdl, trigger=trigger or variant.trigger, **params)
 
 
 def router_object(router):
     from kernels.ll_bf16_router import LLBf16Router
 
-    gemm = kernel_object(variants.variant(router.gemm), 8, trigger=router.trigger)
+    gemm_row = variants.variant(router.gemm)
+    gemm = kernel_object(gemm_row, gemm_row.kernel.vecs[0], trigger=router.trigger)
     return LLBf16Router(gemm, n_max=router.n_max, exclusive=router.exclusive,
                         bias_prefetch=router.bias_prefetch, at_publisher=router.at_publisher)
 
 
-def compile_kernel(variant, vec, out_dtype, arch, out_dir: Path) -> str:
-    symbol = variants.kernel_symbol(variant, vec, out_dtype, arch)
-    export(kernel_object(variant, vec), fake_arguments(vec, out_dtype), symbol, arch, out_dir)
+def compile_kernel(variant, vec, x_dtype, out_dtype, arch, out_dir: Path) -> str:
+    symbol = variants.kernel_symbol(variant, vec, x_dtype, out_dtype, arch)
+    export(kernel_object(variant, vec, x_dtype),
+           fake_arguments(vec, x_dtype, variant.kernel.weight_dtype, out_dtype), symbol, arch, out_dir)
     return symbol
 
 
 def compile_router_kernel(router, bias_dtype, arch, out_dir: Path) -> str:
     symbol = variants.router_kernel_symbol(router, bias_dtype, arch)
-    export(router_object(router), fake_router_arguments(bias_dtype), symbol, arch, out_dir)
+    export(router_object(router), fake_router_arguments(router.weight_dtype, bias_dtype), symbol, arch, out_dir)
     return symbol
 
 
@@ -205,20 +223,20 @@ def kernel_table_header(kernels, router_kernels, routing_kernels, norm_kernels, 
     """C++ glue over the exported headers: one launch adapter and one table row a kernel."""
     includes, adapters, rows = [], [], []
     index = {v.name: i for i, v in enumerate(variants.VARIANTS)}
-    for variant, vec, out_dtype, arch, sm in kernels:
-        s = variants.kernel_symbol(variant, vec, out_dtype, arch)
+    for variant, vec, x_dtype, out_dtype, arch, sm in kernels:
+        s = variants.kernel_symbol(variant, vec, x_dtype, out_dtype, arch)
         includes.append(f'#include "{arch}/{s}.h"')
+        casts = ", ".join(f"reinterpret_cast<{s}_Tensor_{t}_t*>(&a->{t})" for t in ("x", "w", "gate_bias", "out"))
         adapters.append(
-            f"inline int32_t launch_{s}(TensorArg* x, TensorArg* w, TensorArg* out, cudaStream_t stream) {{\n"
+            f"inline int32_t launch_{s}(GemmArgs* a, cudaStream_t stream) {{\n"
             f"  static_assert(sizeof({s}_Tensor_x_t) == sizeof(TensorArg), \"ABI mismatch\");\n"
             f"  static_assert(sizeof({s}_Tensor_out_t) == sizeof(TensorArg), \"ABI mismatch\");\n"
-            f"  return cute_dsl_{s}_wrapper(nullptr, reinterpret_cast<{s}_Tensor_x_t*>(x),\n"
-            f"      reinterpret_cast<{s}_Tensor_w_t*>(w), reinterpret_cast<{s}_Tensor_out_t*>(out), stream);\n"
+            f"  return cute_dsl_{s}_wrapper(nullptr, {casts}, a->has_gate_bias, stream);\n"
             f"}}"
         )
-        dtype = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}[out_dtype]
         rows.append(
-            f'    {{"{s}", {index[variant.name]}, {vec}, {dtype}, {sm}, '
+            f'    {{"{s}", {index[variant.name]}, {vec}, {variants.SCALAR_TYPES[x_dtype]}, '
+            f"{variants.SCALAR_TYPES[out_dtype]}, {sm}, "
             f"_mlir_{s}_cuda_init, _mlir_{s}_cuda_load_to_device, launch_{s}}},"
         )
     router_index = {r.name: i for i, r in enumerate(variants.ROUTER_VARIANTS)}
@@ -228,16 +246,17 @@ def kernel_table_header(kernels, router_kernels, routing_kernels, norm_kernels, 
         includes.append(f'#include "{arch}/{s}.h"')
         casts = ", ".join(
             f"reinterpret_cast<{s}_Tensor_{t}_t*>(&a->{t})"
-            for t in ("x", "w", "bias", "logits", "weights", "ids", "handoff")
+            for t in ("x", "w", "gate_bias", "bias", "logits", "weights", "ids", "handoff")
         )
         adapters.append(
             f"inline int32_t launch_{s}(RouterArgs* a, cudaStream_t stream) {{\n"
             f"  static_assert(sizeof({s}_Tensor_bias_t) == sizeof(TensorArg), \"ABI mismatch\");\n"
             f"  return cute_dsl_{s}_wrapper(nullptr, {casts},\n"
-            f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->softmax, a->scaling, stream);\n"
+            f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->softmax, a->scaling,\n"
+            f"      a->has_gate_bias, stream);\n"
             f"}}"
         )
-        dtype = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}[bias_dtype]
+        dtype = variants.SCALAR_TYPES[bias_dtype]
         router_rows.append(
             f'    {{"{s}", {router_index[router.name]}, {dtype}, {sm}, '
             f"_mlir_{s}_cuda_init, _mlir_{s}_cuda_load_to_device, launch_{s}}},"
@@ -256,7 +275,7 @@ def kernel_table_header(kernels, router_kernels, routing_kernels, norm_kernels, 
             f"      a->top_k, a->n_group, a->topk_group, a->renormalize, a->has_bias, a->softmax, a->scaling, stream);\n"
             f"}}"
         )
-        dtype = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}
+        dtype = variants.SCALAR_TYPES
         routing_rows.append(
             f'    {{"{s}", {kernel.n_min}, {kernel.n_max}, {dtype[kernel.logits_dtype]}, {dtype[kernel.bias_dtype]}, '
             f"{sm}, _mlir_{s}_cuda_init, _mlir_{s}_cuda_load_to_device, launch_{s}}},"
@@ -336,8 +355,8 @@ def build_arch(out_dir: Path, arch: str) -> None:
     shutil.rmtree(out_dir / arch, ignore_errors=True)  # no objects of since-removed variants
     Path(os.environ["CUTE_DSL_DUMP_DIR"]).mkdir(parents=True, exist_ok=True)  # PTX lands here
     families = {
-        "GEMM": [lambda k=k: compile_kernel(*k[:4], out_dir)
-                 for k in variants.compiled_kernels() if k[3] == arch],
+        "GEMM": [lambda k=k: compile_kernel(*k[:5], out_dir)
+                 for k in variants.compiled_kernels() if k[4] == arch],
         "fused router": [lambda r=r: compile_router_kernel(*r[:3], out_dir)
                          for r in variants.compiled_router_kernels() if r[2] == arch],
         "routing": [lambda k=k: compile_routing_kernel(k[0], arch, out_dir)

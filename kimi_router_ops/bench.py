@@ -37,6 +37,8 @@ def implementations(m, sweep=False):
         "torch.mm (fp32 out)": lambda x, w: torch.mm(x, w.t(), out_dtype=torch.float32),
     }
     for v in variants.VARIANTS:
+        if v.kernel.weight_dtype != "bfloat16":
+            continue  # bench_precisions times the fp32-weight kernels
         if sweep:
             chosen = m <= v.m_hi if m <= 16 else isinstance(v.kernel, variants.Mma) and v.kernel.tokens >= 16
         else:

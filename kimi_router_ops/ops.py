@@ -42,13 +42,41 @@ def ll_bf16_gemm(
         return op(hidden_states, router_weight, out_dtype)
 
 
+def router_gemm(
+    hidden_states: Tensor,
+    router_weight: Tensor,
+    bias: Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Router logits for any gate precision: F.linear(hidden_states, router_weight, bias)
+    with fp32 products and sums, rounded once to `out_dtype`.
+
+    router_weight [N, K] is bf16 (then hidden_states [M, K] is bf16: `ll_bf16_gemm`'s
+    kernels) or fp32 (hidden_states bf16 or fp32; the weights are never rounded: fp32 FMAs
+    of the stored values). `bias` [N] has router_weight's dtype and is added to the logits in
+    fp32. The dispatch picks the kernel by dtype, M, N and K; cuBLAS where none serves.
+    Differentiable, as `ll_bf16_gemm`.
+    """
+    op = torch.ops.kimi.router_gemm.default
+    if (
+        torch.compiler.is_compiling()
+        or torch.is_inference_mode_enabled()
+        or (torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                            for t in (hidden_states, router_weight, bias)))
+    ):
+        return op(hidden_states, router_weight, bias, out_dtype)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(hidden_states, router_weight, bias, out_dtype)
+
+
 def ll_bf16_gemm_with_variant(
     hidden_states: Tensor,
     router_weight: Tensor,
     variant: str,
     out_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """The same computation with the kernel named (a row of variants.VARIANTS, or "cublas")."""
+    """`router_gemm` without a bias, with the kernel named (a row of variants.VARIANTS for
+    router_weight's dtype, or "cublas")."""
     return torch.ops.kimi.ll_bf16_gemm_with_variant.default(
         hidden_states, router_weight, variant, out_dtype
     )
@@ -61,11 +89,12 @@ def chosen_variant(
     out_dtype: torch.dtype = torch.float32,
     sm: int = 90,
     aligned: bool = True,
-    scoring: str = "sigmoid",
+    weight_dtype: torch.dtype = torch.bfloat16,
 ) -> str:
     """What the CUDA dispatch runs for a problem on a GPU of compute capability `sm`
-    (major * 10 + minor): "<variant>:vec8", "<variant>:vec1", "cublas" or "empty"."""
-    return torch.ops.kimi.ll_bf16_gemm_variant.default(M, N, K, out_dtype, sm, aligned)
+    (major * 10 + minor) and router weights of `weight_dtype`: "<variant>:vec<8|4|1>",
+    "cublas" or "empty"."""
+    return torch.ops.kimi.ll_bf16_gemm_variant.default(M, N, K, out_dtype, sm, aligned, weight_dtype)
 
 
 def compiled_kernels() -> list[str]:
@@ -120,9 +149,16 @@ def _ll_bf16_gemm_fake(hidden_states, router_weight, out_dtype=torch.float32):
     return hidden_states.new_empty((hidden_states.shape[0], router_weight.shape[0]), dtype=out_dtype)
 
 
+# The newer ops' fakes give shapes and dtypes only: the contract is checked in csrc, when the
+# op runs.
 @torch.library.register_fake("kimi::ll_bf16_gemm_with_variant")
 def _ll_bf16_gemm_with_variant_fake(hidden_states, router_weight, variant, out_dtype=torch.float32):
-    return _ll_bf16_gemm_fake(hidden_states, router_weight, out_dtype)
+    return hidden_states.new_empty((hidden_states.shape[0], router_weight.shape[0]), dtype=out_dtype)
+
+
+@torch.library.register_fake("kimi::router_gemm")
+def _router_gemm_fake(hidden_states, router_weight, bias=None, out_dtype=torch.float32):
+    return hidden_states.new_empty((hidden_states.shape[0], router_weight.shape[0]), dtype=out_dtype)
 
 
 def ll_bf16_router(
@@ -151,6 +187,40 @@ def ll_bf16_router(
     return torch.ops.kimi.ll_bf16_router.default(
         hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
         renormalize, routed_scaling_factor, scoring,
+    )
+
+
+def router(
+    hidden_states: Tensor,
+    router_weight: Tensor,
+    e_score_correction_bias: Tensor | None,
+    top_k: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scoring: str = "sigmoid",
+    gate_bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`ll_bf16_router` for any gate precision: logits = `router_gemm(hidden_states,
+    router_weight, gate_bias)` (bf16 or fp32 weights; the gate bias, of the weights' dtype,
+    is part of the logits, as gpt-oss's router adds it), then the same routing. Returns
+    (topk_weights fp32 [M, top_k], topk_ids int32 [M, top_k], logits fp32 [M, N]); one launch
+    where a fused kernel serves the problem (bf16 hidden_states)."""
+    return torch.ops.kimi.router.default(
+        hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
+        renormalize, routed_scaling_factor, scoring, gate_bias,
+    )
+
+
+@torch.library.register_fake("kimi::router")
+def _router_fake(hidden_states, router_weight, e_score_correction_bias, top_k, n_group=1, topk_group=1,
+                 renormalize=True, routed_scaling_factor=1.0, scoring="sigmoid", gate_bias=None):
+    m, n = hidden_states.shape[0], router_weight.shape[0]
+    return (
+        hidden_states.new_empty((m, top_k), dtype=torch.float32),
+        hidden_states.new_empty((m, top_k), dtype=torch.int32),
+        hidden_states.new_empty((m, n), dtype=torch.float32),
     )
 
 
@@ -186,13 +256,15 @@ def chosen_router_variant(
     sm: int = 90,
     aligned: bool = True,
     scoring: str = "sigmoid",
+    weight_dtype: torch.dtype = torch.bfloat16,
+    x_dtype: torch.dtype = torch.bfloat16,
 ) -> str:
-    """What the CUDA router op runs for a problem on a GPU of compute capability `sm`: the
+    """What the CUDA router ops run for a problem on a GPU of compute capability `sm`: the
     name of a fused router row (one launch), "gemm+moe_routing" (the GEMM op, then the
     routing op's kernel) or "reference" (the GEMM op, then the routing as torch ops). A
     problem the op rejects raises the op's error."""
     return torch.ops.kimi.ll_bf16_router_variant.default(
-        M, N, K, top_k, n_group, topk_group, sm, aligned, scoring
+        M, N, K, top_k, n_group, topk_group, sm, aligned, scoring, weight_dtype, x_dtype
     )
 
 
@@ -442,6 +514,26 @@ torch.library.register_autograd(
     "kimi::ll_bf16_gemm", _ll_bf16_gemm_backward, setup_context=_ll_bf16_gemm_setup_context
 )
 
+
+def _router_gemm_setup_context(ctx, inputs, output):
+    hidden_states, router_weight, bias, _ = inputs
+    ctx.has_bias = bias is not None
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+    ctx.save_for_backward(hidden_states, router_weight)
+
+
+def _router_gemm_backward(ctx, grad):
+    grad_x, grad_w, _ = _ll_bf16_gemm_backward(ctx, grad)
+    grad_b = None
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = grad.float().sum(0).to(ctx.bias_dtype)
+    return grad_x, grad_w, grad_b, None
+
+
+torch.library.register_autograd(
+    "kimi::router_gemm", _router_gemm_backward, setup_context=_router_gemm_setup_context
+)
+
 # The other ops pick discrete experts or serve inference only: no derivative. A fallthrough
 # skips autograd at no cost per call; their outputs do not require grad.
 _autograd_lib = torch.library.Library("kimi", "IMPL")
@@ -449,6 +541,7 @@ for _op in (
     "ll_bf16_gemm_with_variant",
     "ll_bf16_router",
     "ll_bf16_router_with_variant",
+    "router",
     "moe_routing",
     "rms_norm",
     "fused_add_rms_norm",

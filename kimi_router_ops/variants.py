@@ -33,7 +33,7 @@ def _check_trigger(row):
 @dataclass(frozen=True)
 class Dotprod:
     """CUDA-core dot product (kernels/ll_bf16_dotprod.py): one CTA per `rows_per_cta`
-    experts, all of K, `unroll` vectors per thread in flight."""
+    experts, all of K, `unroll` vectors per thread in flight; bf16 or fp32 weights."""
 
     rows_per_cta: int
     unroll: int
@@ -41,9 +41,15 @@ class Dotprod:
     # Weight loads per thread before the PDL wait in a prefetch variant; 0: the whole
     # first step (rows_per_cta * unroll).
     prefetch_window: int = 0
-    # Elements per load it is compiled for: 8 (16-byte vectors) where K, the row strides and
-    # the pointers allow it, else 1 (scalar loads: any K, any alignment, same kernel).
-    vecs = (8, 1)
+    weight_dtype: str = "bfloat16"
+    # More tokens than the bucket take more CTAs along the grid's y (any M).
+    token_tiles: bool = False
+
+    @property
+    def vecs(self) -> tuple:
+        """Elements per load it is compiled for: one 16-byte vector where K, the row strides
+        and the pointers allow it; bf16 also 1 (scalar loads: any K, any alignment)."""
+        return (8, 1) if self.weight_dtype == "bfloat16" else (4,)
 
     def prefetch_loads(self) -> int:
         """Global loads per thread before the PDL wait in a prefetch variant."""
@@ -63,6 +69,7 @@ class Mma:
     tokens: int
     pass_tokens: int = 0  # tokens loaded at once, in passes over the same weights (0: all)
     vecs = (8,)  # 16-byte loads only: K % 8 == 0 and 16-byte aligned rows
+    weight_dtype = "bfloat16"
 
     def prefetch_loads(self) -> int:
         return 2 * self.tiles * self.unroll
@@ -85,7 +92,14 @@ class Variant:
     def max_m(self) -> int:
         """The largest M the kernel computes: a dot product's bucket; the tensor-core kernels
         take any M (grid z: 65535 CTAs of `tokens`)."""
-        return 65535 * self.kernel.tokens if isinstance(self.kernel, Mma) else self.m_hi
+        if isinstance(self.kernel, Mma):
+            return 65535 * self.kernel.tokens
+        return 65535 * self.m_hi if self.kernel.token_tiles else self.m_hi
+
+    @property
+    def x_dtypes(self) -> tuple:
+        """hidden_states dtypes it is compiled for: fp32 weights take bf16 or fp32 tokens."""
+        return ("bfloat16",) if self.kernel.weight_dtype == "bfloat16" else ("bfloat16", "float32")
 
     @property
     def automatic(self) -> bool:
@@ -103,6 +117,12 @@ def _mma(name, m_lo, m_hi, tiles, cluster_k, warps, unroll, prefetch=True, trigg
 def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, window=0, trigger="after_x"):
     return Variant(name, m_lo, m_hi, Dotprod(rows, unroll, threads, window), prefetch=prefetch, pdl=pdl,
                    trigger=trigger)
+
+
+def _f32w(name, m_hi, rows, unroll, threads, tiles=False):
+    """An fp32-weight dot product: bucket m_hi (tokens a CTA with token tiles)."""
+    return Variant(name, 1, m_hi, Dotprod(rows, unroll, threads, weight_dtype="float32", token_tiles=tiles),
+                   prefetch=True, pdl=True)
 
 
 # Every compiled GEMM kernel. CHOICES below says which runs where; the rest run only when
@@ -134,13 +154,21 @@ VARIANTS = (
     *(_dotprod(f"m1_prefetch_r4_t256_w{w}", 1, 1, rows=4, unroll=4, threads=256, window=w) for w in (1, 2, 4, 8)),
     _mma("mma8_t2c4w8u7_noprefetch", 1, 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
     _mma("mma8_t2c4w8u7_before_wait", 2, 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
+    # fp32 weights (gates kept in fp32): 16-byte loads of 4 weights, fp32 FMAs.
+    _f32w("f32w_m1_r1_u8_t256", 1, rows=1, unroll=8, threads=256),
+    _f32w("f32w_m1_r2_u4_t256", 1, rows=2, unroll=4, threads=256),
+    _f32w("f32w_m2_r2_u4_t256", 2, rows=2, unroll=4, threads=256),
+    _f32w("f32w_m4_r2_u4_t256", 4, rows=2, unroll=4, threads=256),
+    _f32w("f32w_m8_r2_u2_t256", 8, rows=2, unroll=2, threads=256),
+    _f32w("f32w_m16_r2_u2_t128", 16, rows=2, unroll=2, threads=128, tiles=True),
+    _f32w("f32w_m16_r4_u1_t128", 16, rows=4, unroll=1, threads=128, tiles=True),
 )
 
 
 class Choice(NamedTuple):
     """One line of the automatic choice: `variant` ("cublas": at::mm) for m_lo <= M <= m_hi,
-    n_min <= N <= n_max and k_min <= K <= k_max. A row built for 16-byte loads only is passed
-    over when the input does not allow them."""
+    n_min <= N <= n_max and k_min <= K <= k_max and router weights of `weight_dtype`. A row
+    built for 16-byte loads only is passed over when the input does not allow them."""
 
     variant: str
     m_lo: int
@@ -149,6 +177,11 @@ class Choice(NamedTuple):
     n_max: int = INT32_MAX
     k_min: int = 1
     k_max: int = INT32_MAX
+    weight_dtype: str = "bfloat16"
+
+
+def _f32w_choice(name, m_lo, m_hi, **bounds):
+    return Choice(name, m_lo, m_hi, weight_dtype="float32", **bounds)
 
 
 # The automatic choice, first match wins; each line was the fastest on an H200 where it
@@ -175,6 +208,12 @@ CHOICES = (
     # K % 8 != 0 or misaligned rows: scalar loads up to M = 4, cuBLAS beyond.
     Choice("m2", 2, 2),
     Choice("m4", 3, 4),
+    # fp32 weights. K % 4 != 0 or misaligned rows: cuBLAS in fp32.
+    _f32w_choice("f32w_m1_r2_u4_t256", 1, 1),
+    _f32w_choice("f32w_m2_r2_u4_t256", 2, 2),
+    _f32w_choice("f32w_m4_r2_u4_t256", 3, 4),
+    _f32w_choice("f32w_m8_r2_u2_t256", 5, 8),
+    _f32w_choice("f32w_m16_r2_u2_t128", 9, 64),
 )
 
 
@@ -207,6 +246,10 @@ class RouterVariant:
 
     def __post_init__(self):
         _check_trigger(self)
+
+    @property
+    def weight_dtype(self) -> str:
+        return variant(self.gemm).kernel.weight_dtype
 
 
 # A lane's share of the experts is a chain of instructions in one warp, so each N range gets
@@ -247,6 +290,18 @@ ROUTER_GEMMS = (
     RouterGemm("mma16_t1c4w8u7", 9, 16, (N128, N256), False, "after_x", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, (N384,), False, "before_wait", True, at_publisher=True),
     RouterGemm("mma16_t2c4w8u7", 9, 16, (N896, N1024), False, "before_wait", False, at_publisher=True),
+    # fp32 weights, bf16 tokens: the fp32 GEMM's dot products. Alone on an SM where the
+    # grid (2 experts a CTA) fits in one wave.
+    RouterGemm("f32w_m1_r2_u4_t256", 1, 1, (N128, N256), True, "before_wait", True),
+    RouterGemm("f32w_m2_r2_u4_t256", 2, 2, (N128, N256), True, "before_wait", True),
+    RouterGemm("f32w_m4_r2_u4_t256", 3, 4, (N128, N256), True, "before_wait", True),
+    RouterGemm("f32w_m8_r2_u2_t256", 5, 8, (N128, N256), True, "before_wait", True),
+    RouterGemm("f32w_m16_r2_u2_t128", 9, 16, (N128, N256), True, "before_wait", True),
+    RouterGemm("f32w_m1_r2_u4_t256", 1, 1, (N384,), False, "before_wait", True),
+    RouterGemm("f32w_m2_r2_u4_t256", 2, 2, (N384,), False, "before_wait", True),
+    RouterGemm("f32w_m4_r2_u4_t256", 3, 4, (N384,), False, "before_wait", True),
+    RouterGemm("f32w_m8_r2_u2_t256", 5, 8, (N384,), False, "before_wait", True),
+    RouterGemm("f32w_m16_r2_u2_t128", 9, 16, (N384,), False, "before_wait", True),
 )
 # Named only: candidates while they are measured.
 ROUTER_ALTERNATIVES = ()
@@ -325,10 +380,16 @@ ARCHS = (("sm_90a", 90), ("sm_100a", 100))
 MAX_M = max(c.m_hi for c in CHOICES if c.variant != "cublas")  # the largest M a kernel is chosen for
 
 
-def kernel_symbol(variant: Variant, vec: int, out_dtype: str, arch: str) -> str:
-    """C symbol prefix of one compiled kernel, e.g. kimi_m1_prefetch_v8_f32_sm_90a."""
-    short = {"float32": "f32", "bfloat16": "bf16"}[out_dtype]
-    return f"kimi_{variant.name}_v{vec}_{short}_{arch}"
+_SHORT = {"float32": "f32", "bfloat16": "bf16"}
+# C++ names of the dtypes (c10::ScalarType).
+SCALAR_TYPES = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}
+
+
+def kernel_symbol(variant: Variant, vec: int, x_dtype: str, out_dtype: str, arch: str) -> str:
+    """C symbol prefix of one compiled kernel, e.g. kimi_m1_prefetch_v8_f32_sm_90a (f32: the
+    output dtype), with _x<dtype> where the row takes more than bf16 hidden_states."""
+    x = f"_x{_SHORT[x_dtype]}" if len(variant.x_dtypes) > 1 else ""
+    return f"kimi_{variant.name}_v{vec}{x}_{_SHORT[out_dtype]}_{arch}"
 
 
 def variant(name: str) -> Variant:
@@ -386,12 +447,13 @@ def compiled_norm_kernels():
 
 
 def compiled_kernels():
-    """Every (variant, vec, out_dtype, arch) the build compiles, in table order."""
+    """Every (variant, vec, x dtype, out dtype, arch, sm) the build compiles, in table order."""
     return [
-        (v, vec, dt, arch, sm)
+        (v, vec, x, dt, arch, sm)
         for arch, sm in ARCHS
         for v in VARIANTS
         for vec in v.kernel.vecs
+        for x in v.x_dtypes
         for dt in OUT_DTYPES
     ]
 
@@ -400,16 +462,18 @@ def write_variant_table_header(path: str) -> None:
     """The rows above as C++ arrays (csrc/ includes them; choices in order)."""
     index = {v.name: i for i, v in enumerate(VARIANTS)}
     rows = "\n".join(
-        f'    {{"{v.name}", {v.m_hi}, {v.max_m}, {str(1 in v.kernel.vecs).lower()}, '
-        f"{str(v.prefetch).lower()}, {str(v.pdl).lower()}}},"
+        f'    {{"{v.name}", {v.m_hi}, {v.max_m}, {str(1 in v.kernel.vecs).lower()}, {v.kernel.vecs[0]}, '
+        f"{SCALAR_TYPES[v.kernel.weight_dtype]}}},"
         for v in VARIANTS
     )
     choices = "\n".join(
-        f"    {{{index.get(c.variant, -1)}, {c.m_lo}, {c.m_hi}, {c.n_min}, {c.n_max}, {c.k_min}, {c.k_max}}},"
+        f"    {{{index.get(c.variant, -1)}, {c.m_lo}, {c.m_hi}, {c.n_min}, {c.n_max}, {c.k_min}, {c.k_max}, "
+        f"{SCALAR_TYPES[c.weight_dtype]}}},"
         for c in CHOICES
     )
     router_rows = "\n".join(
-        f'    {{"{r.name}", {r.m_lo}, {r.m_hi}, {r.n_min}, {r.n_max}, {str(r.automatic).lower()}}},'
+        f'    {{"{r.name}", {r.m_lo}, {r.m_hi}, {r.n_min}, {r.n_max}, {str(r.automatic).lower()}, '
+        f"{SCALAR_TYPES[r.weight_dtype]}}},"
         for r in ROUTER_VARIANTS
     )
     text = (

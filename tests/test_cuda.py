@@ -40,8 +40,10 @@ def test_every_variant(variant, aligned):
     for m in sorted({1, m_hi}):
         for out_dtype in OUT_DTYPES:
             x, w = random_bf16(m, k, device="cuda"), random_bf16(300, k, device="cuda")
+            if row:
+                w = w.to(getattr(torch, row.kernel.weight_dtype))
             if row and not aligned and 1 not in row.kernel.vecs:
-                with pytest.raises(RuntimeError, match=f"variant {variant} needs K % 8 == 0"):
+                with pytest.raises(RuntimeError, match=f"variant {variant} needs K % {row.kernel.vecs[0]} == 0"):
                     kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant, out_dtype)
                 continue
             check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant, out_dtype), x, w, out_dtype)
@@ -55,6 +57,7 @@ def test_every_variant_odd_shapes(variant):
     for n, k in [(1, 8), (17, 40), (33, 7176), (895, 1000)]:
         for m in sorted({1, 3, row.m_hi} & set(range(1, row.m_hi + 1))):
             x, w = random_bf16(m, k, device="cuda"), random_bf16(n, k, device="cuda")
+            w = w.to(getattr(torch, row.kernel.weight_dtype))
             check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant), x, w, torch.float32)
 
 

@@ -25,8 +25,8 @@ def row(name):
 def choice(m, n, k):
     """The dispatch rule for an aligned problem, restated from CHOICES: the C++ choice is
     held to it."""
-    return next((c.variant for c in variants.CHOICES
-                 if c.m_lo <= m <= c.m_hi and c.n_min <= n <= c.n_max and c.k_min <= k <= c.k_max), "cublas")
+    return next((c.variant for c in variants.CHOICES if c.weight_dtype == "bfloat16"
+                 and c.m_lo <= m <= c.m_hi and c.n_min <= n <= c.n_max and c.k_min <= k <= c.k_max), "cublas")
 
 
 @pytest.mark.parametrize("sm", [90, 100])
@@ -109,7 +109,7 @@ def test_choice_does_not_depend_on_out_dtype():
 
 
 def gemm_symbols():
-    return [variants.kernel_symbol(v, vec, dt, arch) for v, vec, dt, arch, _ in variants.compiled_kernels()]
+    return [variants.kernel_symbol(v, vec, x, dt, arch) for v, vec, x, dt, arch, _ in variants.compiled_kernels()]
 
 
 def router_symbols():
@@ -131,7 +131,8 @@ def test_every_variant_is_linked_for_every_arch():
                                                   + attn_res)
     archs = {arch for arch, _ in variants.ARCHS}
     assert archs == {"sm_90a", "sm_100a"}
-    assert len(gemm_symbols()) == sum(len(v.kernel.vecs) for v in variants.VARIANTS) * len(variants.OUT_DTYPES) * len(archs)
+    assert len(gemm_symbols()) == (sum(len(v.kernel.vecs) * len(v.x_dtypes) for v in variants.VARIANTS)
+                                   * len(variants.OUT_DTYPES) * len(archs))
     assert len(router_symbols()) == len(variants.ROUTER_VARIANTS) * len(variants.BIAS_DTYPES) * len(archs)
     assert len(routing_symbols()) == len(variants.ROUTER_N_RANGES) * len(variants.OUT_DTYPES) * len(variants.BIAS_DTYPES) * len(archs)
 
@@ -161,7 +162,7 @@ def test_at_publisher_rows_route_every_token_they_serve():
 
 @requires_aot_build
 def test_aot_objects_present():
-    pairs = [(variants.kernel_symbol(v, vec, dt, arch), arch) for v, vec, dt, arch, _ in variants.compiled_kernels()]
+    pairs = [(variants.kernel_symbol(v, vec, x, dt, arch), arch) for v, vec, x, dt, arch, _ in variants.compiled_kernels()]
     pairs += [(variants.router_kernel_symbol(r, dt, arch), arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
     pairs += [(variants.norm_kernel_symbol(k, arch), arch) for k, arch, _ in variants.compiled_norm_kernels()]
     pairs += [(variants.attn_res_kernel_symbol(arch), arch) for arch, _ in variants.ARCHS]
@@ -186,10 +187,10 @@ def global_loads_before(ptx, mark="griddepcontrol.wait"):
 @pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
 def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
     checked = 0
-    for v, vec, dt, a, _ in variants.compiled_kernels():
+    for v, vec, x, dt, a, _ in variants.compiled_kernels():
         if a != arch:
             continue
-        ptx = ptx_body(variants.kernel_symbol(v, vec, dt, arch), arch)
+        ptx = ptx_body(variants.kernel_symbol(v, vec, x, dt, arch), arch)
         if not v.pdl:
             assert "griddepcontrol" not in ptx
             continue
@@ -200,8 +201,8 @@ def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
         if v.prefetch:
             # Exactly the first step of weight loads (one per vector), 16 bytes wide at vec 8.
             assert len(loads) == v.kernel.prefetch_loads(), loads
-            if vec == 8:
-                assert all(".v4." in load for load in loads)
+            if vec == v.kernel.vecs[0] and vec > 1:  # 16-byte loads (fp32 pairs on sm_100a)
+                assert all(".v4." in load or ".v2.b64" in load for load in loads), loads
         else:
             assert loads == []
         checked += 1
@@ -212,7 +213,7 @@ def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
 def test_ptx_prefetch_loads_read_the_weight_pointer():
     """The loads before the wait address router_weight (kernel parameter 1), never x."""
     v = next(v for v in variants.VARIANTS if v.prefetch)
-    ptx = ptx_body(variants.kernel_symbol(v, 8, "float32", "sm_90a"), "sm_90a")
+    ptx = ptx_body(variants.kernel_symbol(v, 8, "bfloat16", "float32", "sm_90a"), "sm_90a")
     head = ptx.partition("griddepcontrol.wait")[0]
     params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
     assert params, "no pointer parameters found"
@@ -249,7 +250,7 @@ def test_ptx_norm_kernels_signal_at_entry_and_read_only_their_weight_before_the_
 
 
 def mma_kernels(arch="sm_90a"):
-    return [(v, vec, dt) for v, vec, dt, a, _ in variants.compiled_kernels()
+    return [(v, vec, dt) for v, vec, _, dt, a, _ in variants.compiled_kernels()
             if a == arch and isinstance(v.kernel, variants.Mma)]
 
 
@@ -259,7 +260,7 @@ def test_ptx_cluster_protocol_of_the_tensor_core_kernels():
     the entry barrier, and read back only after the barrier that releases those writes."""
     checked = 0
     for v, vec, dt in mma_kernels():
-        ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
+        ptx = ptx_body(variants.kernel_symbol(v, vec, "bfloat16", dt, "sm_90a"), "sm_90a")
         if v.kernel.cluster_k == 1:
             assert "barrier.cluster" not in ptx and "st.shared::cluster" not in ptx
             continue
@@ -282,7 +283,7 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
     whole step is in flight at once; launch_dependents comes after all of them, or, in the
     "before_wait" rows, after the weight loads alone ("at_entry": before any)."""
     for v, vec, dt in mma_kernels():
-        ptx = ptx_body(variants.kernel_symbol(v, vec, dt, "sm_90a"), "sm_90a")
+        ptx = ptx_body(variants.kernel_symbol(v, vec, "bfloat16", dt, "sm_90a"), "sm_90a")
         weights = 2 * v.kernel.tiles * v.kernel.unroll
         tokens = ((v.kernel.pass_tokens or v.kernel.tokens) // 8) * v.kernel.unroll  # the first pass
         signal_after = {"at_entry": 0, "before_wait": weights, "after_x": weights + tokens}[v.trigger]
@@ -336,7 +337,8 @@ def test_ptx_fused_router_hands_off_through_the_buffer(arch):
 @requires_aot_build
 @pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
 def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
-    """A row with the bias prefetch asks L2 for the bias (kernel parameter 2, rounded up to
+    """A row with the bias prefetch asks L2 for the bias (kernel parameter 3, after the gate
+    bias; rounded up to
     16 bytes) before the PDL wait with one bulk prefetch, and loads nothing but the
     weights' first step there; without it, no prefetch at all."""
     for r, dt, a, _ in variants.compiled_router_kernels():
@@ -349,7 +351,7 @@ def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
         assert len(global_loads_before(ptx)) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0)
         if r.bias_prefetch:
             params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
-            bias = next(reg for reg, p in params.items() if p == "2")
+            bias = next(reg for reg, p in params.items() if p == "3")
             addr = re.search(r"cp\.async\.bulk\.prefetch\.L2\.global \[(%rd\d+)\]", head).group(1)
             rounded = re.search(rf"and\.b64\s+{addr}, (%rd\d+), -16;", head).group(1)
             assert re.search(rf"add\.s64\s+{rounded}, {bias}, 15;", head), r.name

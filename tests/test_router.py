@@ -456,6 +456,7 @@ def test_every_router_variant(row):
         for m in sorted({row.m_lo, row.m_hi}):
             for bias_kind in (None, "fp32", "bf16"):
                 x, w, bias = make_case(m, n, 7168, top_k, n_group, topk_group, bias_kind, "cuda", seed=m)
+                w = w.to(getattr(torch, row.weight_dtype))
                 args = (top_k, n_group, topk_group, True, scale)
                 out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
                 check_router(out, x, w, bias, *args)
@@ -479,6 +480,7 @@ def test_property_cuda_forced_rows(problem, row, renormalize):
     if problem["n"] > row.n_max:
         return  # outside the row (the misfit error has its own test)
     x, w, bias = make_case(**problem, device="cuda")
+    w = w.to(getattr(torch, row.weight_dtype))
     args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, 1.5)
     out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
     check_router(out, x, w, bias, *args)

@@ -3,6 +3,7 @@
 # elsewhere (KIMI_ROUTER_OPS_AOT_DIR, default build/aot), then run the given steps.
 #   tools/device_run.sh [test] [main] [example] [bench] [bench-quick] [bench-decode] [chain]
 #                       [router] [router-decode] [example-tf] [sanitize] [sweep] [ksweep]
+#                       [precisions] [precisions-candidates] [test-some]
 # Logs and results go to $OUT (or ./device-out).
 set -uo pipefail
 out=${OUT:-device-out}
@@ -22,7 +23,11 @@ for step in "$@"; do
   case $step in
     test) python3 -m pytest tests -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1 || status=1
           grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/pytest.log" | tail -30 ;;
+    test-some) python3 -m pytest ${KIMI_TESTS:-tests} -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1 || status=1
+          grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/pytest.log" | tail -30 ;;
     main) python3 -m kimi_router_ops || status=1 ;;
+    precisions) python3 -m kimi_router_ops.bench_precisions --out "$out" --sweep 2>&1 | tail -60 || status=1 ;;
+    precisions-candidates) python3 -m kimi_router_ops.bench_precisions --out "$out" --candidates 2>&1 | tail -80 || status=1 ;;
     example) { python3 examples/moe_router.py && python3 examples/moe_router.py --model kimi-k2 --tokens 4; } 2>&1 | tee "$out/example.log" || status=1 ;;
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;

@@ -62,8 +62,10 @@ def main():
             for n, k in shapes:
                 if k % 8 and 1 not in v.kernel.vecs:
                     continue  # 16-byte loads only (tests/test_cuda.py checks the error)
+                if k % v.kernel.vecs[-1]:
+                    continue  # fp32 weights: 16-byte loads only
                 x = torch.randn(m, k).to(torch.bfloat16)
-                w = torch.randn(n, k).to(torch.bfloat16)
+                w = torch.randn(n, k).to(getattr(torch, v.kernel.weight_dtype))
                 # bf16 output changes only the final store: check it on a subset of shapes.
                 out_dtypes = (torch.float32, torch.bfloat16) if n in (17, 896) else (torch.float32,)
                 for out_dtype in out_dtypes:
@@ -79,7 +81,7 @@ def main():
                 if n > r.n_max:
                     continue
                 x = torch.randn(m, k).to(torch.bfloat16)
-                w = (torch.randn(n, k) * k ** -0.5).to(torch.bfloat16)
+                w = (torch.randn(n, k) * k ** -0.5).to(getattr(torch, r.weight_dtype))
                 for scoring, bias_dtype in SCORINGS:
                     bias = make_bias(n, bias_dtype)
                     route = (top_k, n_group, topk_group, True, 2.5)
@@ -107,6 +109,22 @@ def main():
                                       weights, ids, reference_routing(logits, bias, *route, scoring), top_k,
                                       topk_group)
                         calls += 1
+    if re.search(args.only, "gate_bias"):
+        # router_gemm and router with a gate bias (gpt-oss's shape), bf16 and fp32 weights.
+        for w_dtype in (torch.bfloat16, torch.float32):
+            x_dtypes = (torch.bfloat16, torch.float32) if w_dtype == torch.float32 else (torch.bfloat16,)
+            for m, x_dtype in ((m, x) for m in (1, 5, 16, 40) for x in x_dtypes):
+                x = torch.randn(m, 2880).to(x_dtype)
+                w = (torch.randn(128, 2880) * 2880 ** -0.5).to(w_dtype)
+                b = (torch.randn(128) * 0.1).to(w_dtype)
+                logits = kimi_router_ops.router_gemm(x.cuda(), w.cuda(), b.cuda())
+                worst = max(worst, dot_error(logits.cpu().double() - b.double(), x, w))
+                weights, ids, _ = kimi_router_ops.router(x.cuda(), w.cuda(), None, 4, scoring="softmax",
+                                                         gate_bias=b.cuda())
+                ref_logits = x.double() @ w.double().t() + b.double()
+                check_routing(f"router gate_bias m={m} {w_dtype} {x_dtype}", weights, ids,
+                              reference_routing(ref_logits, None, 4, 1, 1, True, 1.0, "softmax"), 4, 1)
+                calls += 2
     if re.search(args.only, "norm"):
         for m, k in NORM_SHAPES:
             x, residual, weight = torch.randn(m, k).to(torch.bfloat16), torch.randn(m, k).to(torch.bfloat16), torch.rand(k).to(torch.bfloat16)

@@ -30,27 +30,58 @@ std::vector<std::string> compiled_kernel_symbols() {
 
 namespace {
 
-const CompiledKernel& find_kernel(const VariantRow& row, int vec, ScalarType out_dtype, int sm) {
+const CompiledKernel& find_kernel(const VariantRow& row, int vec, ScalarType x_dtype,
+                                  ScalarType out_dtype, int sm) {
   const int variant = static_cast<int>(&row - kVariantRows);
   for (const CompiledKernel& kernel : kCompiledKernels) {
-    if (kernel.variant == variant && kernel.vec == vec && kernel.out_dtype == out_dtype &&
-        kernel.sm == sm) {
+    if (kernel.variant == variant && kernel.vec == vec && kernel.x_dtype == x_dtype &&
+        kernel.out_dtype == out_dtype && kernel.sm == sm) {
       return kernel;
     }
   }
-  throw std::runtime_error(message("ll_bf16_gemm: no compiled kernel ", row.name, " vec", vec,
-                                   " ", dtype_name(out_dtype), " for sm_", sm));
+  throw std::runtime_error(message("router_gemm: no compiled kernel ", row.name, " vec", vec,
+                                   " for ", dtype_name(x_dtype), " hidden_states, ",
+                                   dtype_name(out_dtype), " out, sm_", sm));
 }
 
-Tensor cublas_mm(const Tensor& x, const Tensor& w, ScalarType out_dtype) {
-  // fp32 logits straight from cuBLAS's fp32 accumulator, never rounded through bf16.
+Tensor cublas_mm(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
+                 ScalarType out_dtype) {
+  // fp32 logits straight from cuBLAS's fp32 accumulator, never rounded through bf16; fp32
+  // weights are multiplied in fp32 (the tokens widened), as F.linear(x.float(), w) does.
   const NoGradGuard no_grad;
   const Tensor wt = torch::stable::transpose(w, 0, 1);
-  return out_dtype == kFloat ? aten::mm_float32(x, wt) : aten::mm(x, wt);
+  Tensor logits;
+  if (w.scalar_type() == kFloat) {
+    logits = aten::mm(torch::stable::to(x, kFloat), wt);
+  } else if (out_dtype == kFloat || gate_bias.has_value()) {
+    logits = aten::mm_float32(x, wt);
+  } else {
+    return aten::mm(x, wt);
+  }
+  if (gate_bias.has_value()) {
+    logits = aten::add(logits, torch::stable::to(*gate_bias, kFloat));
+  }
+  return out_dtype == kFloat ? logits : torch::stable::to(logits, out_dtype);
 }
 
+}  // namespace
+
+bool vec16_ok(const Tensor& x, const Tensor& w) {
+  const int elements = vec16_elements(w.scalar_type());
+  auto fits = [elements](const Tensor& t) {
+    const TensorArg a = matrix_arg(t);
+    const int64_t bytes = int64_t(elements) * int64_t(t.element_size());
+    return a.shapes[1] % elements == 0 && a.strides[0] % elements == 0 &&
+           reinterpret_cast<uintptr_t>(a.data) % bytes == 0;
+  };
+  return fits(x) && fits(w);
+}
+
+namespace {
+
 // `row`: the variant named by ll_bf16_gemm_with_variant, or nullptr for the automatic choice.
-Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in, ScalarType out_dtype) {
+Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
+              const OptionalTensor& gate_bias, ScalarType out_dtype) {
   const Tensor x = unit_inner_stride(x_in);
   const Tensor w = unit_inner_stride(w_in);
   const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
@@ -59,26 +90,33 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in, Sca
   }
   const int device = x.get_device_index();
   const int sm = device_sm(device);
-  const bool vec8 = vec8_aligned(x) && vec8_aligned(w);
+  const bool vec16 = vec16_ok(x, w);
   if (row == nullptr) {
-    row = choose_kernel(M, N, K, sm, vec8).row;
+    row = choose_kernel(M, N, K, sm, w.scalar_type(), vec16).row;
   } else {
+    KIMI_CHECK(row->weight_dtype == w.scalar_type(), "ll_bf16_gemm_with_variant: variant ",
+               row->name, " takes ", dtype_name(row->weight_dtype), " router_weight, got ",
+               dtype_name(w.scalar_type()));
     KIMI_CHECK(M <= row->max_m, "ll_bf16_gemm_with_variant: variant ", row->name,
                      " handles M <= ", row->max_m, ", got M = ", M);
     KIMI_CHECK(kernels_support(sm, N, K), "ll_bf16_gemm_with_variant: no kernels for sm_", sm,
                " or for N=", N, " K=", K);
-    KIMI_CHECK(vec8 || row->scalar_loads, "ll_bf16_gemm_with_variant: variant ", row->name,
-                     " needs K % 8 == 0, row strides % 8 == 0 and 16-byte aligned data; got K = ",
-                     K);
+    KIMI_CHECK(vec16 || row->scalar_loads, "ll_bf16_gemm_with_variant: variant ", row->name,
+               " needs K % ", row->vec16, " == 0, row strides % ", row->vec16,
+               " == 0 and aligned data; got K = ", K);
   }
   if (row == nullptr) {
-    return cublas_mm(x, w, out_dtype);
+    return cublas_mm(x, w, gate_bias, out_dtype);
   }
   Tensor out = empty_on(x, {M, N}, out_dtype);
-  const CompiledKernel& kernel = find_kernel(*row, vec8 ? 8 : 1, out_dtype, sm);
+  const CompiledKernel& kernel =
+      find_kernel(*row, vec16 ? row->vec16 : 1, x.scalar_type(), out_dtype, sm);
   ensure_loaded(kCompiledKernels, device);
-  TensorArg xa = matrix_arg(x), wa = matrix_arg(w), oa = matrix_arg(out);
-  const int32_t err = kernel.launch(&xa, &wa, &oa, current_stream(device));
+  // Without a gate bias the kernel runs with has_gate_bias = 0 and never reads the stand-in.
+  const Tensor bias = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
+  GemmArgs args{matrix_arg(x), matrix_arg(w), TensorArg{bias.data_ptr(), {1, int32_t(N)}, {N}},
+                matrix_arg(out), gate_bias.has_value() ? 1 : 0};
+  const int32_t err = kernel.launch(&args, current_stream(device));
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel.symbol);
   return out;
 }
@@ -86,27 +124,36 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in, Sca
 Tensor ll_bf16_gemm_cuda(const Tensor& x, const Tensor& w, ScalarType out_dtype) {
   check_inputs(x, w, out_dtype);
   const DeviceGuard guard(x.get_device_index());
-  return launch(nullptr, x, w, out_dtype);
+  return launch(nullptr, x, w, std::nullopt, out_dtype);
+}
+
+Tensor router_gemm_cuda(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+                        ScalarType out_dtype) {
+  check_router_gemm_inputs(x, w, bias, out_dtype, "router_gemm");
+  const DeviceGuard guard(x.get_device_index());
+  return launch(nullptr, x, w, bias, out_dtype);
 }
 
 Tensor ll_bf16_gemm_with_variant_cuda(const Tensor& x, const Tensor& w, const std::string& variant,
                                       ScalarType out_dtype) {
-  check_inputs(x, w, out_dtype);
+  check_router_gemm_inputs(x, w, std::nullopt, out_dtype, "ll_bf16_gemm_with_variant");
   const DeviceGuard guard(x.get_device_index());
   if (variant == "cublas") {
-    return cublas_mm(unit_inner_stride(x), unit_inner_stride(w), out_dtype);
+    return cublas_mm(unit_inner_stride(x), unit_inner_stride(w), std::nullopt, out_dtype);
   }
-  return launch(&variant_by_name(variant), x, w, out_dtype);
+  return launch(&variant_by_name(variant), x, w, std::nullopt, out_dtype);
 }
 
 }  // namespace
 
-Tensor gemm_on_gpu(const Tensor& x, const Tensor& w, ScalarType out_dtype) {
-  return launch(nullptr, x, w, out_dtype);
+Tensor gemm_on_gpu(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
+                   ScalarType out_dtype) {
+  return launch(nullptr, x, w, gate_bias, out_dtype);
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
   m.impl("ll_bf16_gemm", TORCH_BOX(&ll_bf16_gemm_cuda));
+  m.impl("router_gemm", TORCH_BOX(&router_gemm_cuda));
   m.impl("ll_bf16_gemm_with_variant", TORCH_BOX(&ll_bf16_gemm_with_variant_cuda));
 }
 

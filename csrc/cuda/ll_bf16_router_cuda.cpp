@@ -13,6 +13,14 @@ namespace kimi {
 
 namespace {
 
+// The routing arguments of one call.
+struct RoutingCall {
+  int64_t top_k, n_group, topk_group;
+  bool renormalize;
+  double routed_scaling_factor;
+  Scoring scoring;
+};
+
 const CompiledRouterKernel& find_router_kernel(const RouterRow& row, ScalarType bias_dtype,
                                                int sm) {
   const int router = static_cast<int>(&row - kRouterRows);
@@ -26,55 +34,60 @@ const CompiledRouterKernel& find_router_kernel(const RouterRow& row, ScalarType 
 }
 
 // `forced`: the row named by ll_bf16_router_with_variant, or nullptr for the automatic choice.
-std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const RouterRow* forced, const Tensor& x_in,
-                                                const Tensor& w_in, const OptionalTensor& bias_in,
-                                                int64_t top_k, int64_t n_group,
-                                                int64_t topk_group, bool renormalize,
-                                                double routed_scaling_factor,
-                                                const std::string& scoring_name) {
-  const Scoring scoring = parse_scoring("ll_bf16_router", scoring_name);
-  check_router_inputs(x_in, w_in, bias_in, top_k, n_group, topk_group, scoring);
+// `op` names the op whose contract applies (check_router_inputs).
+std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow* forced,
+                                                const Tensor& x_in, const Tensor& w_in,
+                                                const OptionalTensor& bias_in,
+                                                const OptionalTensor& gate_bias,
+                                                const RoutingCall& routing) {
+  check_router_inputs(op, x_in, w_in, bias_in, gate_bias, routing.top_k, routing.n_group,
+                      routing.topk_group, routing.scoring);
   const DeviceGuard guard(x_in.get_device_index());
   const Tensor x = unit_inner_stride(x_in);
   const Tensor w = unit_inner_stride(w_in);
   const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
   const int device = x.get_device_index();
   const int sm = device_sm(device);
-  const bool vec8 = M > 0 && vec8_aligned(x) && vec8_aligned(w);
+  const RouterProblem problem{M, N, K, x.scalar_type(), w.scalar_type(), sm,
+                              M > 0 && vec16_ok(x, w)};
   const RouterRow* row = M == 0 ? nullptr : forced;  // no rows: the two launches, empty
   if (row != nullptr) {
     const std::string misfit =
-        router_row_misfit(*forced, M, N, K, top_k, n_group, topk_group, sm, vec8);
+        router_row_misfit(*forced, problem, routing.top_k, routing.n_group, routing.topk_group);
     KIMI_CHECK(misfit.empty(), "ll_bf16_router_with_variant: variant ", forced->name, " ",
                      misfit);
   } else if (M > 0) {
-    row = choose_router(M, N, K, top_k, n_group, topk_group, sm, vec8);
+    row = choose_router(problem, routing.top_k, routing.n_group, routing.topk_group);
   }
   if (row == nullptr) {
     // Two launches: the GEMM op's kernel, then the routing kernel (the ATen reference where
     // none fits), which waits on it through PDL.
-    const Tensor logits = gemm_on_gpu(x, w, kFloat);
-    auto [weights, ids] = moe_routing_on_gpu(logits, bias_in, top_k, n_group, topk_group,
-                                             renormalize, routed_scaling_factor, scoring);
+    const Tensor logits = gemm_on_gpu(x, w, gate_bias, kFloat);
+    auto [weights, ids] = moe_routing_on_gpu(logits, bias_in, routing.top_k, routing.n_group,
+                                             routing.topk_group, routing.renormalize,
+                                             routing.routed_scaling_factor, routing.scoring);
     return {weights, ids, logits};
   }
   Tensor logits = empty_on(x, {M, N}, kFloat);
-  Tensor weights = empty_on(x, {M, top_k}, kFloat);
-  Tensor ids = empty_on(x, {M, top_k}, kInt);
-  // The bias as a [1, N] row with unit stride; without one, the fp32 kernel runs with
-  // has_bias = 0 and never reads the (stand-in) pointer.
+  Tensor weights = empty_on(x, {M, routing.top_k}, kFloat);
+  Tensor ids = empty_on(x, {M, routing.top_k}, kInt);
+  // The biases as [1, N] rows with unit stride; a missing one is a stand-in the kernel never
+  // reads (has_bias or has_gate_bias = 0): the logits for the fp32 kernels' bias, the weights
+  // for the gate bias (w's dtype).
   const Tensor bias = bias_in.has_value() ? unit_stride_vector(*bias_in) : logits;
+  const Tensor gate = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
   const CompiledRouterKernel& kernel = find_router_kernel(*row, bias.scalar_type(), sm);
   ensure_loaded(kCompiledRouterKernels, device);
   const cudaStream_t stream = current_stream(device);
+  auto row_of = [N](const Tensor& v) { return TensorArg{v.data_ptr(), {1, int32_t(N)}, {N}}; };
   RouterArgs args{
-      matrix_arg(x), matrix_arg(w),
-      TensorArg{bias.data_ptr(), {1, int32_t(N)}, {N}}, matrix_arg(logits),
+      matrix_arg(x), matrix_arg(w), row_of(gate), row_of(bias), matrix_arg(logits),
       matrix_arg(weights), matrix_arg(ids),
       TensorArg{router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}},
-      int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
-      bias_in.has_value() ? 1 : 0, scoring == Scoring::kSoftmax ? 1 : 0,
-      static_cast<float>(routed_scaling_factor)};
+      int32_t(routing.top_k), int32_t(routing.n_group), int32_t(routing.topk_group),
+      routing.renormalize ? 1 : 0, bias_in.has_value() ? 1 : 0,
+      routing.scoring == Scoring::kSoftmax ? 1 : 0,
+      static_cast<float>(routing.routed_scaling_factor), gate_bias.has_value() ? 1 : 0};
   const int32_t err = kernel.launch(&args, stream);
   check_cuda(static_cast<cudaError_t>(err), "launching", kernel.symbol);
   return {weights, ids, logits};
@@ -86,22 +99,39 @@ std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cuda(const Tensor& x, const Te
                                                        bool renormalize,
                                                        double routed_scaling_factor,
                                                        const std::string& scoring) {
-  return route_on_gpu(nullptr, x, w, bias, top_k, n_group, topk_group, renormalize,
-                      routed_scaling_factor, scoring);
+  const char* op = "ll_bf16_router";
+  return route_on_gpu(op, nullptr, x, w, bias, std::nullopt,
+                      {top_k, n_group, topk_group, renormalize, routed_scaling_factor,
+                       parse_scoring(op, scoring)});
+}
+
+std::tuple<Tensor, Tensor, Tensor> router_cuda(const Tensor& x, const Tensor& w,
+                                               const OptionalTensor& bias, int64_t top_k,
+                                               int64_t n_group, int64_t topk_group,
+                                               bool renormalize, double routed_scaling_factor,
+                                               const std::string& scoring,
+                                               const OptionalTensor& gate_bias) {
+  const char* op = "router";
+  return route_on_gpu(op, nullptr, x, w, bias, gate_bias,
+                      {top_k, n_group, topk_group, renormalize, routed_scaling_factor,
+                       parse_scoring(op, scoring)});
 }
 
 std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cuda(
     const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k, int64_t n_group,
     int64_t topk_group, bool renormalize, double routed_scaling_factor,
     const std::string& variant, const std::string& scoring) {
-  return route_on_gpu(&router_row_by_name(variant), x, w, bias, top_k, n_group, topk_group,
-                      renormalize, routed_scaling_factor, scoring);
+  const char* op = "ll_bf16_router_with_variant";
+  return route_on_gpu(op, &router_row_by_name(variant), x, w, bias, std::nullopt,
+                      {top_k, n_group, topk_group, renormalize, routed_scaling_factor,
+                       parse_scoring(op, scoring)});
 }
 
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
   m.impl("ll_bf16_router", TORCH_BOX(&ll_bf16_router_cuda));
+  m.impl("router", TORCH_BOX(&router_cuda));
   m.impl("ll_bf16_router_with_variant", TORCH_BOX(&ll_bf16_router_with_variant_cuda));
 }
 

@@ -1,6 +1,9 @@
 """Low-latency dot-product router GEMM in CuTe DSL.
 
-    out[m, n] = sum_k x[m, k] * w[n, k]      bf16 inputs, fp32 accumulation
+    out[m, n] = sum_k x[m, k] * w[n, k] (+ gate_bias[n])      fp32 products and sums
+
+W is bf16, or fp32 for the models that keep an fp32 gate (then x is bf16 or fp32, and W is
+never rounded: every product is an fp32 FMA of the stored values).
 
 Each CTA owns `rows_per_cta` consecutive rows of W (experts) and all of K. Its threads
 split K into `vec`-element vectors (one 16-byte load when vec == 8); thread t takes vectors
@@ -11,7 +14,9 @@ reading W once, and only many loads in flight hide HBM latency.
 
 M, N, K and the row strides are run-time values. `max_m` (the token bucket) is a
 compile-time bound: rows of x past M are clamped to row M - 1 (cheap L1 hits) and never
-stored, so one compiled kernel serves every M up to its bucket. Vectors past K are clamped
+stored, so one compiled kernel serves every M up to its bucket. A `token_tiles` kernel
+takes more tokens along the grid's y, `max_m` a CTA (each re-reads its experts' weights,
+from L2 after the first). Vectors past K are clamped
 to the last vector and zeroed after the load, which keeps the loop free of branches around
 loads (the compiler can then hoist all of them) and every address in bounds.
 """
@@ -20,7 +25,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import BFloat16, Float32, Int32, const_expr
 
 from variants import TRIGGERS  # aot.py imports kernels/ beside variants
 
@@ -41,9 +46,17 @@ class LLBf16Dotprod:
         threads: int = 128,
         prefetch_window: int = 0,
         trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
+        weight_dtype=BFloat16,
+        x_dtype=BFloat16,
+        token_tiles: bool = False,
     ):
-        if vec not in (1, 8):
-            raise ValueError(f"vec must be 1 or 8, got {vec}")
+        if vec not in (1, 8 if weight_dtype is BFloat16 else 4):
+            raise ValueError(f"vec must be 1 or one 16-byte vector of weights, got {vec}")
+        if weight_dtype is BFloat16 and x_dtype is not BFloat16:
+            raise ValueError("bf16 weights take bf16 hidden_states")
+        self.weight_dtype = weight_dtype
+        self.x_dtype = x_dtype
+        self.token_tiles = token_tiles
         if prefetch and not pdl:
             raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
         self.max_m = max_m
@@ -69,14 +82,16 @@ class LLBf16Dotprod:
     @cute.jit
     def __call__(
         self,
-        x: cute.Tensor,  # [M, K] bf16, unit stride along K
-        w: cute.Tensor,  # [N, K] bf16, unit stride along K
+        x: cute.Tensor,  # [M, K] x_dtype, unit stride along K
+        w: cute.Tensor,  # [N, K] weight_dtype, unit stride along K
+        gate_bias: cute.Tensor,  # [1, N] weight_dtype; read only if has_gate_bias
         out: cute.Tensor,  # [M, N] float32 or bfloat16
+        has_gate_bias: Int32,
         stream: cuda.CUstream,
     ):
         xv, wv = self.vector_views(x, w)
-        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0], x.shape[0]), stream=stream,
-                                        use_pdl=self.pdl)
+        self.kernel(xv, wv, gate_bias, out, has_gate_bias).launch(
+            **self.launch_shape(w.shape[0], x.shape[0]), stream=stream, use_pdl=self.pdl)
 
     def vector_views(self, x, w):
         # Vector views [rows, (vec, K / vec)]: K % vec == 0 is this variant's contract.
@@ -84,15 +99,16 @@ class LLBf16Dotprod:
 
     def launch_shape(self, n, m):  # m: up to max_m, one CTA's tokens
         """Grid, block and shared memory for N experts (the fused router reuses it)."""
+        tiles = (m + self.max_m - 1) // self.max_m if self.token_tiles else 1
         return dict(
-            grid=[(n + self.rows_per_cta - 1) // self.rows_per_cta, 1, 1],
+            grid=[(n + self.rows_per_cta - 1) // self.rows_per_cta, tiles, 1],
             block=[self.threads, 1, 1],
             smem=self.max_m * self.rows_per_cta * self.num_warps * 4,
         )
 
     @cute.jit
     def _load_vec(self, src: cute.Tensor, dst: cute.Tensor):
-        aligned = cute.make_tensor(src.iterator.align(self.vec * 2), src.layout)
+        aligned = cute.make_tensor(src.iterator.align(self.vec * src.element_type.width // 8), src.layout)
         cute.autovec_copy(aligned, dst)
 
     @cute.jit
@@ -110,11 +126,13 @@ class LLBf16Dotprod:
         return kv, [cutlass.min(k, kv_count - 1) for k in kv]
 
     @cute.kernel
-    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
-        self.body(xv, wv, out)
+    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
+               has_gate_bias: Int32):
+        self.body(xv, wv, gate_bias, out, has_gate_bias)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None, softmax=None):
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
+             has_gate_bias: Int32, handoff=None, softmax=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
         handoff buffer, kernels/handoff.py, to publish every logit in as well, and the
         routing's scoring: softmax != 0 publishes logits, not sigmoid scores)."""
@@ -135,15 +153,19 @@ class LLBf16Dotprod:
         kv_count = cute.size(xv.shape[1][1])  # vec-wide columns
         n_steps = (kv_count + threads * unroll - 1) // (threads * unroll)
         n_first = bidx * rows
+        m_first = Int32(0)
+        if const_expr(self.token_tiles):
+            _, bidy, _ = cute.arch.block_idx()
+            m_first = bidy * max_m
 
         acc = cute.make_rmem_tensor((max_m, rows), Float32)
         acc.fill(0.0)
-        w_regs = cute.make_rmem_tensor((vec, unroll, rows), cutlass.BFloat16)
-        x_regs = cute.make_rmem_tensor((vec, max_m), cutlass.BFloat16)
+        w_regs = cute.make_rmem_tensor((vec, unroll, rows), self.weight_dtype)
+        x_regs = cute.make_rmem_tensor((vec, max_m), self.x_dtype)
 
         # Rows past N are clamped to N - 1: loaded, summed, never stored.
         w_rows = [cutlass.min(n_first + r, n_count - 1) for r in range(rows)]
-        x_rows = [cutlass.min(Int32(m), m_count - 1) for m in range(max_m)]
+        x_rows = [cutlass.min(m_first + m, m_count - 1) for m in range(max_m)]
 
         if const_expr(self.pdl and self.trigger == "at_entry"):
             # As safe as later (below); the next kernel's CTAs start before our weight loads.
@@ -208,7 +230,9 @@ class LLBf16Dotprod:
             total = Float32(0.0)
             for wi in cutlass.range_constexpr(num_warps):
                 total = total + partials[tidx, wi]
-            if m < m_count and n_first + r < n_count:
-                out[m, n_first + r] = total.to(out.element_type)
+            if m_first + m < m_count and n_first + r < n_count:
+                if has_gate_bias != 0:
+                    total = total + gate_bias[0, n_first + r].to(Float32)
+                out[m_first + m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
-                    handoff_buffer.publish(handoff, m, n_first + r, total, softmax)
+                    handoff_buffer.publish(handoff, m_first + m, n_first + r, total, softmax)

@@ -1,6 +1,6 @@
 """Tensor-core router GEMM for decode in CuTe DSL: warp mma.sync, split-K over a cluster.
 
-    out[m, n] = sum_k x[m, k] * w[n, k]      bf16 inputs, fp32 accumulation
+    out[m, n] = sum_k x[m, k] * w[n, k] (+ gate_bias[n])      bf16 inputs, fp32 accumulation
 
 One `mma.sync.m16n8k16` multiplies a tile of 16 experts (rows of W, the MMA's M) by 8
 tokens (rows of x, the MMA's N). The MMA's K order inside a 32-wide chunk is free, since
@@ -103,12 +103,14 @@ class LLBf16Mma:
         self,
         x: cute.Tensor,  # [M, K] bf16, unit stride along K, K % 8 == 0, 16-byte aligned rows
         w: cute.Tensor,  # [N, K] bf16, same
+        gate_bias: cute.Tensor,  # [1, N] bf16; read only if has_gate_bias
         out: cute.Tensor,  # [M, N] float32 or bfloat16
+        has_gate_bias: Int32,
         stream: cuda.CUstream,
     ):
         xv, wv = self.vector_views(x, w)
-        self.kernel(xv, wv, out).launch(**self.launch_shape(w.shape[0], x.shape[0]), stream=stream,
-                                        use_pdl=self.pdl)
+        self.kernel(xv, wv, gate_bias, out, has_gate_bias).launch(
+            **self.launch_shape(w.shape[0], x.shape[0]), stream=stream, use_pdl=self.pdl)
 
     def vector_views(self, x, w):
         return cute.logical_divide(x, (None, 8)), cute.logical_divide(w, (None, 8))
@@ -177,11 +179,13 @@ class LLBf16Mma:
         return columns, padding
 
     @cute.kernel
-    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor):
-        self.body(xv, wv, out)
+    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
+               has_gate_bias: Int32):
+        self.body(xv, wv, gate_bias, out, has_gate_bias)
 
     @cute.jit
-    def body(self, xv: cute.Tensor, wv: cute.Tensor, out: cute.Tensor, handoff=None, softmax=None):
+    def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
+             has_gate_bias: Int32, handoff=None, softmax=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
         handoff buffer, kernels/handoff.py, to publish every logit in as well, and the
         routing's scoring: softmax != 0 publishes logits, not sigmoid scores)."""
@@ -316,13 +320,17 @@ class LLBf16Mma:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
-                self._store(out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count)
+                self._store(out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count,
+                            gate_bias, has_gate_bias)
 
     @cute.jit
-    def _store(self, out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count):
+    def _store(self, out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count,
+               gate_bias, has_gate_bias):
         token = token_first + idx // self.experts
         expert = expert_first + idx - (token - token_first) * self.experts
         if token < m_count and expert < n_count:
+            if has_gate_bias != 0:
+                total = total + gate_bias[0, expert].to(Float32)
             out[token, expert] = total.to(out.element_type)
             if const_expr(handoff is not None):
                 handoff_buffer.publish(handoff, token, expert, total, softmax)

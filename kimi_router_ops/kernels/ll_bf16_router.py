@@ -1,6 +1,6 @@
 """The whole MoE router in one launch: a router GEMM kernel, then routing in the same grid.
 
-    logits  = x · wᵀ                                  (the GEMM kernel's body, unchanged)
+    logits  = x · wᵀ (+ gate_bias)                    (the GEMM kernel's body, unchanged)
     then the routing of kernels/routing.py on sigmoid(logits) or softmax(logits)
 
 Every CTA runs the GEMM body of an LLBf16Dotprod or LLBf16Mma kernel, which stores the
@@ -49,7 +49,8 @@ class LLBf16Router(WarpRouting):
     def __call__(
         self,
         x: cute.Tensor,  # [M, K] bf16
-        w: cute.Tensor,  # [N, K] bf16
+        w: cute.Tensor,  # [N, K] bf16 or float32 (the GEMM kernel's weight dtype)
+        gate_bias: cute.Tensor,  # [1, N] w's dtype, added to the logits; read only if has_gate_bias
         bias: cute.Tensor,  # [1, N] float32 or bfloat16; read only if has_bias
         logits: cute.Tensor,  # [M, N] float32, out
         weights: cute.Tensor,  # [M, top_k] float32, out
@@ -62,6 +63,7 @@ class LLBf16Router(WarpRouting):
         has_bias: Int32,
         softmax: Int32,  # 0: sigmoid scores
         scaling: Float32,
+        has_gate_bias: Int32,
         stream: cuda.CUstream,
     ):
         xv, wv = self.gemm.vector_views(x, w)
@@ -80,8 +82,8 @@ class LLBf16Router(WarpRouting):
             shape["smem"] = max(shape["smem"], EXCLUSIVE_SMEM)
             ctas_per_sm = 1
         self.kernel(
-            xv, wv, bias, logits, weights, ids, handoff,
-            top_k, n_group, topk_group, renormalize, has_bias, softmax, scaling,
+            xv, wv, gate_bias, bias, logits, weights, ids, handoff,
+            top_k, n_group, topk_group, renormalize, has_bias, softmax, scaling, has_gate_bias,
         ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
                  min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
 
@@ -90,6 +92,7 @@ class LLBf16Router(WarpRouting):
         self,
         xv: cute.Tensor,
         wv: cute.Tensor,
+        gate_bias: cute.Tensor,
         bias: cute.Tensor,
         logits: cute.Tensor,
         weights: cute.Tensor,
@@ -102,11 +105,12 @@ class LLBf16Router(WarpRouting):
         has_bias: Int32,
         softmax: Int32,
         scaling: Float32,
+        has_gate_bias: Int32,
     ):
         if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
-        self.gemm.body(xv, wv, logits, handoff, softmax)
+        self.gemm.body(xv, wv, gate_bias, logits, has_gate_bias, handoff, softmax)
         if const_expr(self.at_publisher and self.gemm.experts < WARP):
             # A warp finishes more than one token: the others' routing warps poll only once
             # it has published them.
