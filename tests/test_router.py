@@ -254,15 +254,16 @@ def test_many_equal_experts_in_groups_go_to_the_lowest_ids(device, m):
     x, w = random_bf16(m, 64, device=device), torch.zeros(256, 64, dtype=torch.bfloat16, device=device)
     bias = torch.zeros(256, device=device)
     bias[200] = 1.0  # group 6 beats every other group, and expert 200 every other expert
-    rows = [None] + [r.name for r in variants.ROUTER_VARIANTS
+    rows = [None] + [r for r in variants.ROUTER_VARIANTS
                      if device == "cuda" and r.n_max == 256 and r.m_lo <= m <= r.m_hi]
     args = (x, w, bias, 8, 8, 4, True, 2.5)
     for row in rows:
         if row is None:
             out = kimi_router_ops.ll_bf16_router(*args)
         else:
-            out = kimi_router_ops.ll_bf16_router_with_variant(*args, row)
-        assert out[1].tolist() == [[200] + list(range(7))] * m, row
+            out = kimi_router_ops.ll_bf16_router_with_variant(
+                x, w.to(getattr(torch, row.weight_dtype)), *args[2:], row.name)
+        assert out[1].tolist() == [[200] + list(range(7))] * m, getattr(row, "name", row)
         torch.testing.assert_close(out[0], torch.full_like(out[0], 2.5 / 8))
 
 
@@ -309,6 +310,7 @@ def test_bias_at_any_alignment(dtype, offset):
         if not row.n_min <= n <= row.n_max:
             continue
         x, w, bias = make_case(row.m_lo, n, 7168, 8, 1, 1, None, "cuda", seed=offset)
+        w = w.to(getattr(torch, row.weight_dtype))
         bias = (torch.randn(n + offset, device="cuda") * 0.1).to(dtype)[offset:]
         assert bias.data_ptr() % 16 == (offset * bias.element_size()) % 16
         args = (8, 1, 1, True, 2.5)

@@ -95,8 +95,10 @@ def test_property_fp32_weights(m, n, k, x_dtype, bias, offset, seed):
 def test_dispatch_by_weight_dtype():
     f32 = torch.float32
     assert kimi_router_ops.chosen_variant(1, 256, 3072, weight_dtype=f32) == "f32w_m1_r2_u4_t256:vec4"
-    assert kimi_router_ops.chosen_variant(16, 128, 6144, weight_dtype=f32) == "f32w_m16_r2_u2_t128:vec4"
-    assert kimi_router_ops.chosen_variant(64, 256, 7168, weight_dtype=f32) == "f32w_m16_r2_u2_t128:vec4"
+    assert kimi_router_ops.chosen_variant(1, 128, 6144, weight_dtype=f32) == "f32w_m1_r1_u8_t256:vec4"
+    assert kimi_router_ops.chosen_variant(16, 128, 6144, weight_dtype=f32) == "f32w_m8_r1_u4_t256:vec4"
+    assert kimi_router_ops.chosen_variant(64, 256, 3072, weight_dtype=f32) == "f32w_m8_r2_u2_t256:vec4"
+    assert kimi_router_ops.chosen_variant(65, 256, 3072, weight_dtype=f32) == "cublas"
     assert kimi_router_ops.chosen_variant(1, 256, 3070, weight_dtype=f32) == "cublas"  # K % 4 != 0
     assert kimi_router_ops.chosen_variant(1, 256, 3072, weight_dtype=f32, aligned=False) == "cublas"
     assert kimi_router_ops.chosen_variant(1, 256, 3072, sm=80, weight_dtype=f32) == "cublas"
@@ -114,7 +116,7 @@ def test_fp32_choices_are_fp32_rows():
         if c.variant != "cublas":
             assert variants.variant(c.variant).kernel.weight_dtype == c.weight_dtype, c
     for r in variants.ROUTER_VARIANTS:
-        assert r.m_hi <= variants.variant(r.gemm).m_hi
+        assert r.m_hi <= variants.variant(r.gemm).max_m
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -42,15 +42,15 @@ def routers(model):
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """Counts the calls that reach ll_bf16_router (so a silent fallback cannot pass)."""
+    """Counts the calls that reach the router op (so a silent fallback cannot pass)."""
     calls = []
-    original = kimi_tf.ops.ll_bf16_router
+    original = kimi_tf.ops.router
 
     def counting(*args, **kwargs):
         calls.append(args[0].shape)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(kimi_tf.ops, "ll_bf16_router", counting)
+    monkeypatch.setattr(kimi_tf.ops, "router", counting)
     return calls
 
 
@@ -99,15 +99,30 @@ def test_patch_is_idempotent_and_state_dict_unchanged():
     assert all(isinstance(r, transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3TopkRouter) for r in routers(model))
 
 
-def test_fp32_model_keeps_transformers_forward_and_says_so():
+def test_fp32_model_runs_the_fp32_gate_kernels(op_calls):
+    """An fp32 model's router is an fp32 gate: the op computes it in fp32, no fallback."""
     model = tiny_model(dtype=torch.float32)
     hidden = torch.randn(5, 256)
     router = routers(model)[0]
-    expected = router(hidden)
-    with pytest.warns(RuntimeWarning, match="DeepseekV3TopkRouter routers run transformers' forward: the ops take "
-                                            "bf16 weights, got torch.float32"):
+    with torch.no_grad():
+        expected = router(hidden)
         kimi_tf.patch(model)
-    with torch.no_grad(), pytest.warns(RuntimeWarning, match="got torch.float32 and torch.float32"):
+        logits, weights, ids = router(hidden)
+    assert op_calls
+    torch.testing.assert_close(logits, expected[0], rtol=1e-5, atol=1e-6)
+    assert torch.equal(ids.sort(-1)[0], expected[2].sort(-1)[0])
+
+
+def test_fp16_model_keeps_transformers_forward_and_says_so():
+    model = tiny_model(dtype=torch.float16)
+    hidden = torch.randn(5, 256).half()
+    router = routers(model)[0]
+    with torch.no_grad():
+        expected = router(hidden)
+    with pytest.warns(RuntimeWarning, match="DeepseekV3TopkRouter routers run transformers' forward: the ops take "
+                                            "bf16 weights and inputs or an fp32 gate, got torch.float16"):
+        kimi_tf.patch(model)
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="got torch.float16 and torch.float16"):
         for a, b in zip(router(hidden), expected):
             assert torch.equal(a, b)
 

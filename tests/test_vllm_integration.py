@@ -49,7 +49,7 @@ def vllm_process():
 def op_calls(monkeypatch):
     """The calls that reach our ops from the plugin (so a silent fallback cannot pass)."""
     calls = []
-    for name in ("ll_bf16_gemm", "moe_routing", "attn_res"):
+    for name in ("router_gemm", "moe_routing", "attn_res"):
         original = getattr(kimi_vllm.ops, name)
 
         def counting(*args, _name=name, _original=original, **kwargs):
@@ -66,8 +66,8 @@ def vllm_grouped_topk(*args):
     return getattr(original, "_torchdynamo_orig_callable", original)(*args)
 
 
-def gate(out_dtype=torch.float32, bias=False, n=64, k=256, seed=0):
-    layer = GateLinear(k, n, bias=bias, out_dtype=out_dtype, params_dtype=torch.bfloat16)
+def gate(out_dtype=torch.float32, bias=False, n=64, k=256, seed=0, params_dtype=torch.bfloat16):
+    layer = GateLinear(k, n, bias=bias, out_dtype=out_dtype, params_dtype=params_dtype)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(n, k, generator=g) * k ** -0.5)
@@ -92,15 +92,38 @@ def test_gate_layer_is_replaced_and_gives_vllms_logits(op_calls):
                 torch.testing.assert_close(theirs, ours, rtol=2 ** -7, atol=1e-6)
             else:
                 torch.testing.assert_close(ours.float(), theirs.float(), rtol=2 ** -7, atol=1e-6)
-    assert op_calls == ["ll_bf16_gemm"] * 12
+    assert op_calls == ["router_gemm"] * 12
 
 
-def test_gate_with_a_bias_or_fp32_input_keeps_vllms_forward(op_calls):
+@pytest.mark.parametrize("out_dtype", [torch.float32, None])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_fp32_gate_is_replaced_and_never_rounds_the_weights(out_dtype, x_dtype, op_calls):
+    """MiniMax-M2's gate (GateLinear(params_dtype=torch.float32)): fp32 logits within 1e-6 of
+    the exact product of the fp32 weights, and of vLLM's own fp32 path (here: F.linear)."""
+    layer = gate(out_dtype, n=256, k=3072, params_dtype=torch.float32)
+    assert layer.weight.dtype == torch.float32
+    for m in (1, 7, 40):
+        x = torch.randn(m, 3072).to(x_dtype)
+        ours, bias = layer(x)
+        assert bias is None and ours.dtype == torch.float32 and ours.shape == (m, 256)
+        assert dot_error(ours, x, layer.weight) <= 1e-6
+        theirs = torch.nn.functional.linear(x.float(), layer.weight)
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert op_calls == ["router_gemm"] * 3
+
+
+def test_gate_bias_is_added_in_the_kernel(op_calls):
     layer = gate(bias=True)
     x = torch.randn(3, 256).to(torch.bfloat16)
-    assert torch.equal(layer(x)[0], GateLinear.forward(layer, x)[0])
+    ours, theirs = layer(x)[0], GateLinear.forward(layer, x)[0]
+    torch.testing.assert_close(ours, theirs, rtol=2 ** -7, atol=1e-5)  # vLLM's F.linear rounds to bf16 first
+    assert op_calls == ["router_gemm"]
+
+
+def test_gate_with_fp32_input_on_bf16_weights_keeps_vllms_forward(op_calls):
     layer = gate()
-    assert torch.equal(layer(x.float())[0], GateLinear.forward(layer, x.float())[0])
+    x = torch.randn(3, 256)
+    assert torch.equal(layer(x)[0], GateLinear.forward(layer, x)[0])
     assert op_calls == []
 
 

@@ -8,8 +8,10 @@ anything else runs vLLM's own code):
 
 - The router GEMM: `GateLinear` (vLLM's MoE gate layer, a PluggableLayer) is replaced
   through vLLM's out-of-tree layer registry by `KimiGateLinear`, whose forward is
-  `ll_bf16_gemm` for every M, in the gate's `out_dtype` (fp32 or bf16), for an
-  unquantized, bias-free bf16 gate on bf16 input outside batch-invariant mode.
+  `router_gemm` for every M, in the gate's `out_dtype` (fp32 or bf16), for an unquantized
+  gate outside batch-invariant mode: bf16 weights on bf16 input, or fp32 weights (the
+  fp32 tiers: MiniMax-M2/M3, Hunyuan-v3, Step-3.5, ...; any shape) on bf16 or fp32 input,
+  with the gate's bias added in the kernel where it has one.
 - The routing: vLLM's `grouped_topk` (DeepSeek-V3 and V2 families, GroupedTopKRouter)
   becomes `moe_routing` where the scoring is sigmoid or softmax and vLLM's group score is
   ours: the sum of the two best with a bias (our sigmoid), the best without one (our
@@ -78,7 +80,7 @@ def register() -> list[str]:
         if GATE_LAYER not in op_registry_oot:
             PluggableLayer.register_oot(_gate_class(), name=GATE_LAYER)
         if op_registry_oot[GATE_LAYER] is _gate_class():
-            replaced.append(f"{GATE_LAYER} (router GEMM: ll_bf16_gemm)")
+            replaced.append(f"{GATE_LAYER} (router GEMM: router_gemm, bf16 and fp32 gates)")
     if _enabled(ENV_ROUTING):
         for name, module_name in ROUTING_MODULES.items():
             module = importlib.import_module(module_name)
@@ -176,20 +178,30 @@ def _gate_class():
         from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
 
         class KimiGateLinear(GateLinear):
-            """vLLM's GateLinear with `ll_bf16_gemm` as its GEMM wherever the gate is a plain
-            bf16 matrix: the same logits (fp32 sums of the exact bf16 products) in the
-            dtype vLLM asks for, for every M. The test needs no token count, so a compiled
-            graph keeps no Python branch on M."""
+            """vLLM's GateLinear with `router_gemm` as its GEMM wherever the gate is a plain
+            bf16 or fp32 matrix: the same logits (fp32 sums of the exact products; fp32
+            weights never rounded) in the dtype vLLM asks for (fp32 for an fp32 gate that
+            names none), for every M. The test needs no token count, so a compiled graph
+            keeps no Python branch on M."""
 
             def forward(self, x: torch.Tensor):
-                if (self.is_unquantized and self.bias is None and not envs.VLLM_BATCH_INVARIANT
-                        and self.weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16
-                        and x.dim() == 2 and self.out_dtype in (None, *ROUTED_DTYPES)):
-                    return self._return(ops.ll_bf16_gemm(x, self.weight, self.out_dtype or torch.bfloat16))
+                w, bias = self.weight, self.bias
+                if (self.is_unquantized and not envs.VLLM_BATCH_INVARIANT and x.dim() == 2
+                        and _gate_dtypes_served(x.dtype, w.dtype) and self.out_dtype in (None, *ROUTED_DTYPES)
+                        and (bias is None or (not self.skip_bias_add and bias.dtype == w.dtype))):
+                    out_dtype = self.out_dtype or (torch.bfloat16 if w.dtype == torch.bfloat16 else torch.float32)
+                    return self._return(ops.router_gemm(x, w, bias, out_dtype))
                 return super().forward(x)
 
         _GATE_CLASS = KimiGateLinear
     return _GATE_CLASS
+
+
+def _gate_dtypes_served(x_dtype, weight_dtype) -> bool:
+    """bf16 gates on bf16 tokens; fp32 gates on bf16 or fp32 tokens (what router_gemm takes)."""
+    if weight_dtype == torch.bfloat16:
+        return x_dtype == torch.bfloat16
+    return weight_dtype == torch.float32 and x_dtype in ROUTED_DTYPES
 
 
 def _group_rule_matches(scoring_func, bias, n_group, topk_group) -> bool:

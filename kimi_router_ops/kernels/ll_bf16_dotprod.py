@@ -185,6 +185,11 @@ class LLBf16Dotprod:
             cute.arch.griddepcontrol_wait()
             if const_expr(self.trigger == "after_x"):
                 cute.arch.griddepcontrol_launch_dependents()
+        # The gate bias of this thread's output, if it stores one, asked for now: a model's
+        # bias is cold, and read only after the sums it would be an HBM round trip there.
+        gate = Float32(0.0)
+        if has_gate_bias != 0:
+            gate = gate_bias[0, cutlass.min(n_first + tidx % rows, n_count - 1)].to(Float32)
 
         for s in cutlass.range(n_steps, unroll=1):
             kv, kv_clamped = self._step_columns(s, tidx, kv_count)
@@ -232,7 +237,7 @@ class LLBf16Dotprod:
                 total = total + partials[tidx, wi]
             if m_first + m < m_count and n_first + r < n_count:
                 if has_gate_bias != 0:
-                    total = total + gate_bias[0, n_first + r].to(Float32)
+                    total = total + gate
                 out[m_first + m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
                     handoff_buffer.publish(handoff, m_first + m, n_first + r, total, softmax)

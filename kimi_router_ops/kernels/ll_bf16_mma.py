@@ -259,6 +259,7 @@ class LLBf16Mma:
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
+        gates = self._load_gate_bias(gate_bias, has_gate_bias, rank, tidx, expert_first, n_count)
         if const_expr(not self.prefetch):
             self._load_weights(wv, w_regs, w_rows, columns)
         self._load_tokens(xv, x_regs, x_rows, columns, 0)
@@ -320,17 +321,30 @@ class LLBf16Mma:
                 total = Float32(0.0)
                 for s_ in cutlass.range_constexpr(slots):
                     total = total + mailbox[pos, s_]
-                self._store(out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count,
-                            gate_bias, has_gate_bias)
+                if has_gate_bias != 0:
+                    total = total + gates[p]
+                self._store(out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count)
 
     @cute.jit
-    def _store(self, out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count,
-               gate_bias, has_gate_bias):
+    def _load_gate_bias(self, gate_bias, has_gate_bias, rank, tidx, expert_first, n_count):
+        """The gate bias of each output this thread finishes (one a pass of the final sum),
+        asked for long before the sums: a model's bias is cold."""
+        share = self.finishing_share()
+        gates = []
+        for p in cutlass.range_constexpr((share + self.threads - 1) // self.threads):
+            idx = rank * share + p * self.threads + tidx
+            gate = Float32(0.0)
+            if has_gate_bias != 0:
+                expert = cutlass.min(expert_first + idx % self.experts, n_count - 1)
+                gate = gate_bias[0, expert].to(Float32)
+            gates.append(gate)
+        return gates
+
+    @cute.jit
+    def _store(self, out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count):
         token = token_first + idx // self.experts
         expert = expert_first + idx - (token - token_first) * self.experts
         if token < m_count and expert < n_count:
-            if has_gate_bias != 0:
-                total = total + gate_bias[0, expert].to(Float32)
             out[token, expert] = total.to(out.element_type)
             if const_expr(handoff is not None):
                 handoff_buffer.publish(handoff, token, expert, total, softmax)
