@@ -3,7 +3,8 @@
 # active environment's torch), then install that same file into a fresh virtual environment
 # per torch version below, next to nothing of ours (no nvidia-cutlass-dsl, no compiler
 # needed), and run the CPU tests of every op from there; with vLLM's torch pin, vLLM itself
-# too, and the plugin's tests against it. Run it where the package's own build works (after
+# too, and the plugin's tests against it; with SGLang's (the build's own), SGLang and its
+# plugin's tests. Run it where the package's own build works (after
 # the README's install command); CI does.
 #   KIMI_WHEEL_TORCH="2.14.0 2.10.0" tools/check_wheel.sh    # other versions
 set -euo pipefail
@@ -14,6 +15,7 @@ repo=$PWD
 read -r -a versions <<<"${KIMI_WHEEL_TORCH:-2.14.0 2.14.1 2.11.0 2.10.0 2.15.0}"
 oldest=2.10.0  # also built from source against it
 vllm_torch=2.14.0 vllm=0.33.0  # that venv gets vLLM (pyproject's vllm extra) and its tests
+sglang_torch=2.14.1 sglang=0.5.23  # and that one SGLang (the sglang extra)
 tests=(test_op.py test_router.py test_moe_routing.py test_softmax_routing.py test_rms_norm.py test_attn_res.py
        test_errors.py test_layouts.py test_stable_abi.py)
 
@@ -39,6 +41,7 @@ for version in "${versions[@]}"; do
   # setuptools: torch 2.10's inductor (the compile tests) needs it and does not require it.
   extra=(); venv_tests=("${tests[@]}")
   [ "$version" = "$vllm_torch" ] && extra=("vllm==$vllm") && venv_tests+=(test_vllm_integration.py)
+  [ "$version" = "$sglang_torch" ] && extra=("sglang==$sglang") && venv_tests+=(test_sglang_integration.py)
   "$uv" pip install -q --python "$venv/bin/python" "torch==$version" "${extra[@]}" setuptools pytest \
     hypothesis numpy "$wheel"
   # Installed beside vLLM's dependencies, cuda.bindings was seen with 12.6 files over
@@ -53,7 +56,7 @@ import torch
 
 import kimi_router_ops
 
-# (vLLM itself depends on nvidia-cutlass-dsl; everywhere else it must be absent.)
+# (vLLM and SGLang depend on nvidia-cutlass-dsl; everywhere else it must be absent.)
 if not os.environ["KIMI_WITH_VLLM"]:
     assert importlib.util.find_spec("cutlass") is None, "nvidia-cutlass-dsl must not be needed"
 assert "site-packages" in kimi_router_ops.__file__, kimi_router_ops.__file__
@@ -69,6 +72,8 @@ PY
   tail -1 "$scratch/pytest.log"
   grep -q "test_vllm_integration.*SKIPPED\|vLLM is not installed" "$scratch/pytest.log" \
     && { echo "the vLLM tests skipped in the vLLM venv"; exit 1; }
+  grep -q "SKIPPED.*test_sglang_integration\|SGLang is not installed\|not installed with its entry points" \
+    "$scratch/pytest.log" && { echo "SGLang tests skipped in the SGLang venv"; exit 1; }
   if [ "$version" = "$oldest" ] && [ -e build/aot/kimi_kernels.h ]; then
     # Building from source works with the oldest torch too (its headers have less of the
     # stable API): _C from a copy of the sources, with this build's kernel objects.

@@ -1,0 +1,186 @@
+"""SGLang plugin: SGLang's MoE gate GEMM and routing on kimi_router_ops' ops.
+
+    pip install "kimi_router_ops[sglang]"    # then SGLang loads the plugin in every process
+
+SGLang runs the `register()` of every installed `sglang.srt.plugins` entry point at start-up
+(`SGLANG_PLUGINS` may name the ones allowed), then applies the hooks they registered with
+its `HookRegistry`. Each hook is an AROUND hook: ours where our op computes exactly what
+SGLang's code does, SGLang's own function otherwise.
+
+- The gate GEMM: `MoEGate.forward` (DeepSeek-V2/V3, Kimi-K2/K2.5/K3, GLM and the other
+  models built on `sglang.srt.models.deepseek_v2.MoEGate`) becomes `router_gemm` for every
+  M, on bf16 gates with bf16 tokens and on fp32 gates (`router_fp32`) with bf16 or fp32
+  tokens, giving fp32 logits as SGLang's CUDA path does, outside deterministic inference and
+  SGLang's CPU AMX packing.
+- The routing: `biased_grouped_topk` (sigmoid, correction bias, groups: DeepSeek-V3,
+  Kimi-K2), `grouped_topk` (no bias: DeepSeek-V2's softmax; sigmoid with every group kept)
+  and `fused_topk` / `biased_topk_jit_kernel_impl` (no groups: softmax without a bias,
+  Qwen3-MoE; sigmoid with or without one, on the CPU and on CUDA) become `moe_routing`,
+  where the semantics match: no fused shared-expert slots, no per-token bias, no packed
+  output, no padded-row mask or expert remapping inside the function, top_k within the kept
+  groups. SGLang's
+  routed_scaling_factor is applied where SGLang applies it in the function
+  (`apply_routed_scaling_factor_on_output`). Expert remapping, padding masks, shared-slot
+  columns and the recorder stay SGLang's: they run in `select_experts` around these
+  functions.
+
+Switches, read by `register()`: KIMI_ROUTER_OPS_SGLANG=0 (nothing),
+KIMI_ROUTER_OPS_SGLANG_GATE=0, KIMI_ROUTER_OPS_SGLANG_ROUTING=0. One log line says what was
+replaced. `import kimi_router_ops` never imports SGLang; this module imports it inside
+`register()`. Called by hand (outside SGLang's loader), `register()` only registers: call
+`HookRegistry.apply_hooks()` after it, as SGLang's loader does.
+"""
+
+import logging
+import os
+
+import torch
+
+from .. import ops
+
+ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_SGLANG", "KIMI_ROUTER_OPS_SGLANG_GATE", "KIMI_ROUTER_OPS_SGLANG_ROUTING"
+GATE_TARGET = "sglang.srt.models.deepseek_v2.MoEGate.forward"
+TOPK_MODULE = "sglang.srt.layers.moe.topk"
+ROUTED_DTYPES = (torch.float32, torch.bfloat16)
+logger = logging.getLogger("sglang.kimi_router_ops")
+_registered: list[str] = []  # the targets hooked, once per process
+
+
+def _enabled(name: str) -> bool:
+    return os.environ.get(name, "1") != "0"
+
+
+def register() -> list[str]:
+    """Register the hooks the switches allow; returns what they replace. Idempotent."""
+    if not _enabled(ENV_ALL):
+        logger.info("kimi_router_ops: %s=0, SGLang's router left as it is", ENV_ALL)
+        return []
+    import importlib
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    hooks = {}
+    if _enabled(ENV_GATE):
+        hooks[GATE_TARGET] = (moe_gate_forward, "MoEGate.forward (router GEMM: router_gemm, bf16 and fp32 gates)")
+    if _enabled(ENV_ROUTING):
+        topk = importlib.import_module(TOPK_MODULE)
+        if topk.biased_grouped_topk is topk.biased_grouped_topk_gpu:
+            for name, hook in _ROUTING.items():
+                hooks[f"{TOPK_MODULE}.{name}"] = (hook, f"{name} (routing: moe_routing)")
+        else:  # SGLang's CPU AMX kernels take other arguments
+            logger.info("kimi_router_ops: SGLang routes with its CPU AMX kernels here; routing not replaced")
+    for target, (hook, _) in hooks.items():
+        if target not in _registered:
+            HookRegistry.register(target, hook, HookType.AROUND)
+            _registered.append(target)
+    replaced = [what for _, what in hooks.values()]
+    logger.info("kimi_router_ops: replaced %s", ", ".join(replaced) or "nothing")
+    return replaced
+
+
+def _deterministic() -> bool:
+    from sglang.srt.runtime_context import get_exec
+
+    try:
+        return bool(get_exec().deterministic.enable_deterministic_inference)
+    except Exception:  # no server context (a model built by hand): SGLang's default, off
+        return False
+
+
+def moe_gate_forward(original, self, hidden_states, *args, **kwargs):
+    """MoEGate.forward: router_gemm where the gate is a plain bf16 or fp32 matrix."""
+    w = self.weight
+    served = {torch.bfloat16: (torch.bfloat16,), torch.float32: ROUTED_DTYPES}.get(w.dtype, ())
+    if (hidden_states.dtype in served and hidden_states.dim() == 2 and not getattr(self, "use_intel_amx_backend", False)
+            and not _deterministic()):
+        # fp32 logits, as SGLang's CUDA path gives at every M (its CPU path rounds a bf16
+        # gate's logits to bf16 above its tiny-GEMM size).
+        return ops.router_gemm(hidden_states, w, None, torch.float32)
+    return original(self, hidden_states, *args, **kwargs)
+
+
+def _routes(gating_output, bias, scoring_func, top_k, n_group, topk_group) -> bool:
+    """Whether moe_routing computes what SGLang computes: the scoring, dtypes and shapes it
+    takes, and a group rule that is ours (SGLang scores a group by the sum of its two best
+    biased scores with a bias, by its best score without one; ours by the two best with
+    sigmoid, the best with softmax; with every group kept the rule does not matter)."""
+    if scoring_func not in ("sigmoid", "softmax") or gating_output.dtype not in ROUTED_DTYPES:
+        return False
+    if gating_output.dim() != 2 or (bias is not None and (bias.dtype not in ROUTED_DTYPES or bias.dim() != 1)):
+        return False
+    n = gating_output.shape[-1]
+    if n_group < 1 or n % n_group or not 1 <= topk_group <= n_group:
+        return False
+    if n_group > 1 and scoring_func == "sigmoid" and n // n_group < 2:
+        return False
+    same_rule = topk_group >= n_group or (bias is not None) == (scoring_func == "sigmoid")
+    return 1 <= top_k <= topk_group * (n // n_group) and same_rule
+
+
+def _scale(routed_scaling_factor, apply_on_output) -> float:
+    return float(routed_scaling_factor) if apply_on_output and routed_scaling_factor is not None else 1.0
+
+
+def biased_grouped_topk(original, hidden_states, gating_output, correction_bias, topk, renormalize,
+                        num_expert_group=None, topk_group=None, num_fused_shared_experts=0,
+                        routed_scaling_factor=None, apply_routed_scaling_factor_on_output=False):
+    """SGLang's biased_grouped_topk (sigmoid, the bias for the choice, groups scored by their
+    two best) on moe_routing."""
+    n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
+    if num_fused_shared_experts == 0 and _routes(gating_output, correction_bias, "sigmoid", topk, n_group, kept):
+        return ops.moe_routing(gating_output, correction_bias, topk, n_group, kept, renormalize,
+                               _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), "sigmoid")
+    return original(hidden_states, gating_output, correction_bias, topk, renormalize, num_expert_group, topk_group,
+                    num_fused_shared_experts, routed_scaling_factor, apply_routed_scaling_factor_on_output)
+
+
+def grouped_topk(original, hidden_states, gating_output, topk, renormalize, num_expert_group=None, topk_group=None,
+                 num_fused_shared_experts=0, routed_scaling_factor=None, apply_routed_scaling_factor_on_output=False,
+                 scoring_func="softmax"):
+    """SGLang's grouped_topk (no bias; groups scored by their best) on moe_routing."""
+    n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
+    if num_fused_shared_experts == 0 and _routes(gating_output, None, scoring_func, topk, n_group, kept):
+        return ops.moe_routing(gating_output, None, topk, n_group, kept, renormalize,
+                               _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), scoring_func)
+    return original(hidden_states, gating_output, topk, renormalize, num_expert_group, topk_group,
+                    num_fused_shared_experts, routed_scaling_factor, apply_routed_scaling_factor_on_output,
+                    scoring_func)
+
+
+def fused_topk(original, hidden_states, gating_output, topk, renormalize, correction_bias=None,
+               scoring_func="softmax", routed_scaling_factor=None, apply_routed_scaling_factor_on_output=False,
+               num_fused_shared_experts=0, packed_out=None, num_token_non_padded=None):
+    """SGLang's fused_topk (no groups) on moe_routing: softmax without a bias (SGLang's
+    softmax ignores one), sigmoid with or without one; no packed output."""
+    plain = num_fused_shared_experts == 0 and packed_out is None
+    if plain and (scoring_func == "sigmoid" or correction_bias is None) \
+            and _routes(gating_output, correction_bias, scoring_func, topk, 1, 1):
+        return ops.moe_routing(gating_output, correction_bias, topk, 1, 1, renormalize,
+                               _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), scoring_func)
+    return original(hidden_states, gating_output, topk, renormalize, correction_bias, scoring_func,
+                    routed_scaling_factor, apply_routed_scaling_factor_on_output, num_fused_shared_experts,
+                    **({} if packed_out is None else dict(packed_out=packed_out, num_token_non_padded=num_token_non_padded)))
+
+
+def biased_topk_jit_kernel_impl(original, hidden_states, gating_output, correction_bias, topk, renormalize,
+                                scoring_func="sigmoid", num_fused_shared_experts=0, routed_scaling_factor=None,
+                                num_token_non_padded=None, expert_location_dispatch_info=None,
+                                apply_routed_scaling_factor_on_output=False, packed_out=None,
+                                sqrtsoftplus_log1p=False, router_logits_partials=None, num_shared_append=0):
+    """SGLang's CUDA router for sigmoid without groups (its JIT kernel) on moe_routing, where
+    it neither masks padded rows, remaps experts nor writes packed ids."""
+    extras = dict(packed_out=packed_out, sqrtsoftplus_log1p=sqrtsoftplus_log1p,
+                  router_logits_partials=router_logits_partials, num_shared_append=num_shared_append)
+    plain = (num_fused_shared_experts == 0 and num_token_non_padded is None and expert_location_dispatch_info is None
+             and packed_out is None and router_logits_partials is None and num_shared_append == 0)
+    if plain and scoring_func == "sigmoid" and _routes(gating_output, correction_bias, scoring_func, topk, 1, 1):
+        return ops.moe_routing(gating_output, correction_bias, topk, 1, 1, renormalize,
+                               _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), scoring_func)
+    return original(hidden_states, gating_output, correction_bias, topk, renormalize, scoring_func,
+                    num_fused_shared_experts, routed_scaling_factor, num_token_non_padded,
+                    expert_location_dispatch_info, apply_routed_scaling_factor_on_output, **extras)
+
+
+# SGLang's module-level names that select_experts calls (it looks each up at call time).
+_ROUTING = {"biased_grouped_topk": biased_grouped_topk, "grouped_topk": grouped_topk, "fused_topk": fused_topk,
+            "biased_topk_jit_kernel_impl": biased_topk_jit_kernel_impl}

@@ -1,0 +1,249 @@
+"""kimi_router_ops.integrations.sglang against the real SGLang (0.5.23), on the CPU: SGLang's
+plugin loader finds and runs the plugin, each switch, the replaced gate gives SGLang's
+logits, the replaced routing functions give SGLang's routing through its own
+select_experts, torch.compile of the replaced gate works.
+
+On a machine without a GPU SGLang's CUDA kernels cannot run: there the gate is compared with
+SGLang's CPU path (F.linear) and the exact product, the routing with SGLang's torch code and
+the float64 formula. No GPU run of SGLang was made."""
+
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+sglang = pytest.importorskip("sglang", reason="SGLang is not installed (the sglang extra, CI's torch 2.14.1 venv)")
+
+from sglang.srt.layers.moe import topk as sgl_topk  # noqa: E402
+from sglang.srt.models.deepseek_v2 import MoEGate  # noqa: E402
+from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
+from sglang.test.test_utils import published_topology  # noqa: E402
+
+from kimi_router_ops.checks import dot_error, near_tie, reference_routing  # noqa: E402
+from kimi_router_ops.integrations import sglang as kimi_sglang  # noqa: E402
+
+SWITCHES = (kimi_sglang.ENV_ALL, kimi_sglang.ENV_GATE, kimi_sglang.ENV_ROUTING)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hooks_applied():
+    """The plugin registered and SGLang's hooks applied, as SGLang's loader does; an SGLang
+    runtime context published (SGLang's own gate reads it)."""
+    saved = {name: os.environ.pop(name, None) for name in SWITCHES}
+    kimi_sglang.register()
+    HookRegistry.apply_hooks()
+    with published_topology(device="cpu"):
+        yield
+    os.environ.update({k: v for k, v in saved.items() if v is not None})
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """The calls that reach our ops from the plugin (so a silent fallback cannot pass)."""
+    calls = []
+    for name in ("router_gemm", "moe_routing"):
+        original = getattr(kimi_sglang.ops, name)
+
+        def counting(*args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(kimi_sglang.ops, name, counting)
+    return calls
+
+
+def sglang_own(fn):
+    """SGLang's function under our AROUND hook (and under torch.compile, eagerly)."""
+    original = fn.__wrapped__
+    return getattr(original, "_torchdynamo_orig_callable", original)
+
+
+def moe_gate(n=64, k=256, fp32=False, seed=0):
+    config = types.SimpleNamespace(n_routed_experts=n, hidden_size=k, topk_method="noaux_tc", router_fp32=fp32)
+    gate = MoEGate(config, quant_config=None)  # the weight in the default dtype unless router_fp32
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=g) * k ** -0.5
+    # A bf16 model's gate (SGLang builds the model under its dtype as the default).
+    gate.weight = torch.nn.Parameter(weight if fp32 else weight.to(torch.bfloat16), requires_grad=False)
+    return gate
+
+
+def test_hooks_are_applied():
+    assert MoEGate.forward.__wrapped__ is not None
+    for name in kimi_sglang._ROUTING:
+        assert getattr(sgl_topk, name).__wrapped__ is not None, name
+
+
+@pytest.mark.parametrize("m", [1, 5, 40, 300])
+def test_bf16_gate_gives_sglangs_logits(m, op_calls):
+    gate = moe_gate()
+    x = torch.randn(m, 256).to(torch.bfloat16)
+    ours = gate(x)
+    theirs = sglang_own(MoEGate.forward)(gate, x)  # SGLang's CPU path: fp32, or bf16 above its tiny GEMM
+    assert ours.dtype == torch.float32 and ours.shape == (m, 64)
+    assert dot_error(ours, x, gate.weight) <= 1e-5  # fp32 sums of the exact products
+    torch.testing.assert_close(ours, theirs.float(), rtol=2 ** -7, atol=1e-6)  # within one bf16 ulp
+    assert op_calls == ["router_gemm"]
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_fp32_gate_gives_the_exact_product(x_dtype, op_calls):
+    """router_fp32 gates: fp32 logits within 1e-6 of the exact product (SGLang: cuBLAS fp32)."""
+    gate = moe_gate(n=256, k=3072, fp32=True)
+    assert gate.weight.dtype == torch.float32
+    for m in (1, 7, 40):
+        x = torch.randn(m, 3072).to(x_dtype)
+        ours, theirs = gate(x), sglang_own(MoEGate.forward)(gate, x)
+        assert ours.dtype == theirs.dtype == torch.float32
+        assert dot_error(ours, x, gate.weight) <= 1e-6
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert op_calls == ["router_gemm"] * 3
+
+
+def test_gate_outside_our_dtypes_is_sglangs(op_calls):
+    """fp32 tokens on a bf16 gate run SGLang's own forward (which rejects them, as it does
+    without the plugin)."""
+    gate = moe_gate()
+    x = torch.randn(3, 256)
+    for forward in (gate, lambda t: sglang_own(MoEGate.forward)(gate, t)):
+        with pytest.raises(RuntimeError, match="same dtype"):
+            forward(x)
+    assert op_calls == []
+
+
+def test_compiled_gate_matches_eager(op_calls):
+    torch._dynamo.reset()
+    gate = moe_gate()
+    compiled = torch.compile(gate, fullgraph=True, dynamic=True)
+    for m in (1, 3, 8, 33):
+        x = torch.randn(m, 256).to(torch.bfloat16)
+        assert torch.equal(compiled(x), gate(x))
+    assert op_calls
+
+
+# name: (N, top_k, use_grouped_topk, num_expert_group, topk_group, scoring, bias, renormalize, scale, on_output)
+CONFIGS = {
+    "deepseek-v3": (256, 8, True, 8, 4, "sigmoid", True, True, 2.5, True),
+    "kimi-k2": (384, 8, True, 1, 1, "sigmoid", True, True, 2.827, False),
+    "deepseek-v2": (160, 6, True, 8, 3, "softmax", False, False, 16.0, False),
+    "qwen3-moe": (128, 8, False, None, None, "softmax", False, True, 1.0, False),
+    "sigmoid, no groups": (64, 6, False, None, None, "sigmoid", True, True, 1.5, True),
+}
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("m", [1, 7, 64])
+def test_select_experts_routes_on_moe_routing(config, m, op_calls):
+    """Through SGLang's own select_experts: SGLang's routing (its functions, unhooked) and
+    the float64 formula, expert sets and weights by expert."""
+    n, top_k, grouped, n_group, topk_group, scoring, has_bias, renormalize, scale, on_output = CONFIGS[config]
+    g = torch.Generator().manual_seed(m)
+    logits = torch.randn(m, n, generator=g) * 2
+    bias = (torch.randn(n, generator=g) * 0.1) if has_bias else None
+    topk_config = sgl_topk.TopKConfig(
+        top_k=top_k, use_grouped_topk=grouped, num_expert_group=n_group, topk_group=topk_group,
+        renormalize=renormalize, correction_bias=bias, routed_scaling_factor=scale,
+        apply_routed_scaling_factor_on_output=on_output, scoring_func=scoring)
+    hidden = torch.randn(m, 32)
+    ours = sgl_topk.select_experts(hidden, logits, topk_config)
+    assert op_calls == ["moe_routing"]
+    assert ours.topk_weights.dtype == torch.float32 and ours.topk_ids.dtype == torch.int32
+    # SGLang's own function for the same call.
+    if grouped and bias is not None:
+        theirs = sglang_own(sgl_topk.biased_grouped_topk)(hidden, logits, bias, top_k, renormalize, n_group,
+                                                         topk_group, 0, scale, on_output)
+    elif grouped:
+        theirs = sglang_own(sgl_topk.grouped_topk)(hidden, logits, top_k, renormalize, n_group, topk_group, 0,
+                                                  scale, on_output, scoring)
+    else:
+        theirs = sgl_topk.fused_topk_torch_native(hidden, logits, top_k, renormalize, bias, scoring) \
+            if scoring == "softmax" else sgl_topk.biased_topk_impl(hidden, logits, bias, top_k, renormalize)
+        if scoring == "softmax" and on_output:
+            theirs = (theirs[0] * scale, theirs[1])
+    if scoring == "sigmoid" and not grouped and on_output:
+        theirs = (theirs[0] * scale, theirs[1])
+    ref_w, ref_ids, masked, group_scores = reference_routing(
+        logits, bias, top_k, n_group or 1, topk_group or 1, renormalize, scale if on_output else 1.0, scoring)
+    for t in range(m):
+        for weights, ids in ((theirs[0][t], theirs[1][t]), (ref_w[t], ref_ids[t])):
+            if set(ids.tolist()) != set(ours.topk_ids[t].tolist()):
+                assert near_tie(masked[t], top_k), (config, t)
+                continue
+            mine = dict(zip(ours.topk_ids[t].tolist(), ours.topk_weights[t].tolist()))
+            for i, w in zip(ids.tolist(), weights.tolist()):
+                assert abs(mine[i] - w) <= 1e-5 * max(1.0, abs(w)), (config, t, i)
+
+
+def test_routing_outside_our_semantics_is_sglangs():
+    """Fused shared-expert slots, a per-token bias, sigmoid groups scored without a bias,
+    softmax with a bias, a packed output: SGLang's own function runs."""
+    called = []
+
+    def original(*args, **kwargs):
+        called.append(len(args))
+        return "sglang"
+
+    logits, bias = torch.randn(2, 64), torch.randn(64)
+    assert kimi_sglang.biased_grouped_topk(original, None, logits, bias, 6, True, 8, 4, 1) == "sglang"
+    assert kimi_sglang.biased_grouped_topk(original, None, logits, bias.expand(2, 64), 6, True, 8, 4) == "sglang"
+    assert kimi_sglang.grouped_topk(original, None, logits, 6, True, 8, 4, scoring_func="sigmoid") == "sglang"
+    assert kimi_sglang.fused_topk(original, None, logits, 6, True, bias, "softmax") == "sglang"
+    assert kimi_sglang.fused_topk(original, None, logits, 6, True, packed_out=torch.empty(2, 6)) == "sglang"
+    assert kimi_sglang.fused_topk(original, None, logits.half(), 6, True) == "sglang"
+    assert kimi_sglang.biased_topk_jit_kernel_impl(original, None, logits, bias, 6, True,
+                                                   num_token_non_padded=torch.tensor(1)) == "sglang"
+    assert kimi_sglang.biased_topk_jit_kernel_impl(original, None, logits, bias, 6, True,
+                                                   packed_out=torch.empty(2, 6)) == "sglang"
+    assert len(called) == 8
+    # Where they match, ours: sigmoid without a bias but every group kept; the JIT router's plain call.
+    weights, ids = kimi_sglang.grouped_topk(original, None, logits, 6, True, 8, 8, scoring_func="sigmoid")
+    assert ids.shape == (2, 6)
+    weights, ids = kimi_sglang.biased_topk_jit_kernel_impl(original, None, logits, bias, 6, True)
+    assert len(called) == 8 and ids.shape == (2, 6)
+
+
+def test_register_twice_registers_once():
+    before = {t: len(HookRegistry._hooks[t]) for t in kimi_sglang._registered}
+    assert kimi_sglang.register() == kimi_sglang.register()
+    assert {t: len(HookRegistry._hooks[t]) for t in kimi_sglang._registered} == before
+
+
+LOADER = (
+    "import logging\n"
+    "logging.basicConfig(level=logging.INFO)\n"
+    "from sglang.srt.plugins import load_plugins\n"
+    "load_plugins()\n"
+    "from sglang.srt.models.deepseek_v2 import MoEGate\n"
+    "from sglang.srt.layers.moe import topk\n"
+    "print('gate', hasattr(MoEGate.forward, '__wrapped__'), 'routing', hasattr(topk.biased_grouped_topk, '__wrapped__'))\n"
+)
+
+
+def test_plugin_loads_through_sglangs_loader_and_each_switch():
+    """SGLang's loader finds the installed package's entry point and runs it; each switch
+    turns its part off. (Fresh processes, run side by side.)"""
+    from importlib.metadata import entry_points
+
+    if not any(ep.value.startswith("kimi_router_ops.") for ep in entry_points(group="sglang.srt.plugins")):
+        pytest.skip("kimi_router_ops is not installed with its entry points here (a source checkout on PYTHONPATH)")
+    env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    cases = {None: (True, True), kimi_sglang.ENV_ALL: (False, False), kimi_sglang.ENV_GATE: (False, True),
+             kimi_sglang.ENV_ROUTING: (True, False)}
+    runs = {switch: subprocess.Popen([sys.executable, "-c", LOADER], env={**env, **({switch: "0"} if switch else {})},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for switch in cases}
+    for switch, (gate, routing) in cases.items():
+        out, _ = runs[switch].communicate(timeout=900)
+        assert runs[switch].returncode == 0, out[-3000:]
+        assert f"gate {gate} routing {routing}" in out, (switch, out[-3000:])
+        if switch is None:
+            assert "kimi_router_ops: replaced MoEGate.forward" in out, out[-3000:]
+
+
+def test_importing_the_package_does_not_import_sglang():
+    code = "import sys, kimi_router_ops, kimi_router_ops.integrations.sglang; print('sglang' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
