@@ -156,12 +156,12 @@ VARIANTS = (
     _mma("mma8_t2c4w8u7_before_wait", 2, 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
     # fp32 weights (gates kept in fp32): 16-byte loads of 4 weights, fp32 FMAs. Two experts a
     # CTA up to K = 4096 (the step's 1024 vectors fit K), one above it (twice the CTAs).
-    *(_f32w(f"f32w_m{m}_r2_u4_t256", m, rows=2, unroll=4, threads=256) for m in (1, 2, 4)),
+    _f32w("f32w_m1_r2_u4_t256", 1, rows=2, unroll=4, threads=256),
+    _f32w("f32w_m4_r2_u4_t256", 4, rows=2, unroll=4, threads=256),
     *(_f32w(f"f32w_m{m}_r1_u8_t256", m, rows=1, unroll=8, threads=256) for m in (1, 2, 4)),
-    # Five tokens and more: 8 a CTA, more along the grid's y.
+    # Five tokens and more: 8 or 16 a CTA, more along the grid's y.
     _f32w("f32w_m8_r2_u2_t256", 8, rows=2, unroll=2, threads=256, tiles=True),
-    _f32w("f32w_m8_r1_u4_t256", 8, rows=1, unroll=4, threads=256, tiles=True),
-    _f32w("f32w_m16_r2_u2_t128", 16, rows=2, unroll=2, threads=128, tiles=True),  # measured against m8
+    _f32w("f32w_m16_r2_u2_t128", 16, rows=2, unroll=2, threads=128, tiles=True),
 )
 
 
@@ -211,12 +211,12 @@ CHOICES = (
     # fp32 weights. K % 4 != 0 or misaligned rows: cuBLAS in fp32.
     _f32w_choice("f32w_m1_r2_u4_t256", 1, 1, k_max=4096),
     _f32w_choice("f32w_m1_r1_u8_t256", 1, 1),
-    _f32w_choice("f32w_m2_r2_u4_t256", 2, 2, k_max=4096),
+    _f32w_choice("f32w_m4_r2_u4_t256", 2, 4, k_max=4096),  # at M = 2 too: faster than a bucket of 2
     _f32w_choice("f32w_m2_r1_u8_t256", 2, 2),
-    _f32w_choice("f32w_m4_r2_u4_t256", 3, 4, k_max=4096),
     _f32w_choice("f32w_m4_r1_u8_t256", 3, 4),
-    _f32w_choice("f32w_m8_r2_u2_t256", 5, 64, k_max=4096),
-    _f32w_choice("f32w_m8_r1_u4_t256", 5, 64),
+    _f32w_choice("f32w_m8_r2_u2_t256", 5, 16),
+    _f32w_choice("f32w_m8_r2_u2_t256", 17, 64, n_max=128),
+    _f32w_choice("f32w_m16_r2_u2_t128", 17, 64),
 )
 
 
@@ -294,14 +294,13 @@ ROUTER_GEMMS = (
     RouterGemm("mma16_t1c4w8u7", 9, 16, (N384,), False, "before_wait", True, at_publisher=True),
     RouterGemm("mma16_t2c4w8u7", 9, 16, (N896, N1024), False, "before_wait", False, at_publisher=True),
     # fp32 weights, bf16 tokens: the fp32 GEMM's kernels for K <= 4096 (MiniMax-M2). Alone on
-    # an SM where the grid (2 experts a CTA) fits in one wave; M > 8 takes two token tiles.
+    # an SM where the grid (2 experts a CTA, one token tile) fits in one wave.
     RouterGemm("f32w_m1_r2_u4_t256", 1, 1, (N128, N256), True, "before_wait", True),
-    RouterGemm("f32w_m2_r2_u4_t256", 2, 2, (N128, N256), True, "before_wait", True),
-    RouterGemm("f32w_m4_r2_u4_t256", 3, 4, (N128, N256), True, "before_wait", True),
-    RouterGemm("f32w_m8_r2_u2_t256", 5, 16, (N128, N256), False, "before_wait", True),
+    RouterGemm("f32w_m4_r2_u4_t256", 2, 4, (N128, N256), True, "before_wait", True),
+    RouterGemm("f32w_m8_r2_u2_t256", 5, 8, (N128, N256), True, "before_wait", True),
+    RouterGemm("f32w_m8_r2_u2_t256", 9, 16, (N128, N256), False, "before_wait", True),
     RouterGemm("f32w_m1_r2_u4_t256", 1, 1, (N384,), False, "before_wait", True),
-    RouterGemm("f32w_m2_r2_u4_t256", 2, 2, (N384,), False, "before_wait", True),
-    RouterGemm("f32w_m4_r2_u4_t256", 3, 4, (N384,), False, "before_wait", True),
+    RouterGemm("f32w_m4_r2_u4_t256", 2, 4, (N384,), False, "before_wait", True),
     RouterGemm("f32w_m8_r2_u2_t256", 5, 16, (N384,), False, "before_wait", True),
 )
 # Named only: candidates while they are measured.

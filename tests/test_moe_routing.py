@@ -41,7 +41,10 @@ def check_routing(weights, ids, logits, bias, top_k, topk_group, reference, scor
         c = choice_ours[t, ours_ids[t]]
         for i in range(top_k - 1):
             assert c[i] - c[i + 1] > -NEAR
-            assert not (c[i] == c[i + 1] and ours_ids[t, i] > ours_ids[t, i + 1])
+            # Exact ties go to the lower id. On a GPU the kernel's own sigmoid may split
+            # values that tie in torch's (found by hypothesis with bf16 logits and bias).
+            if not logits.is_cuda:
+                assert not (c[i] == c[i + 1] and ours_ids[t, i] > ours_ids[t, i + 1])
         if ours != theirs:
             # Only a near-tie at a cut (groups or experts) may change the set.
             assert near_tie(group_scores[t], topk_group) or near_tie(masked[t], top_k), (t, ours, theirs)

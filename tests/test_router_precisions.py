@@ -96,8 +96,11 @@ def test_dispatch_by_weight_dtype():
     f32 = torch.float32
     assert kimi_router_ops.chosen_variant(1, 256, 3072, weight_dtype=f32) == "f32w_m1_r2_u4_t256:vec4"
     assert kimi_router_ops.chosen_variant(1, 128, 6144, weight_dtype=f32) == "f32w_m1_r1_u8_t256:vec4"
-    assert kimi_router_ops.chosen_variant(16, 128, 6144, weight_dtype=f32) == "f32w_m8_r1_u4_t256:vec4"
-    assert kimi_router_ops.chosen_variant(64, 256, 3072, weight_dtype=f32) == "f32w_m8_r2_u2_t256:vec4"
+    assert kimi_router_ops.chosen_variant(2, 256, 3072, weight_dtype=f32) == "f32w_m4_r2_u4_t256:vec4"
+    assert kimi_router_ops.chosen_variant(2, 256, 6144, weight_dtype=f32) == "f32w_m2_r1_u8_t256:vec4"
+    assert kimi_router_ops.chosen_variant(16, 128, 6144, weight_dtype=f32) == "f32w_m8_r2_u2_t256:vec4"
+    assert kimi_router_ops.chosen_variant(64, 128, 6144, weight_dtype=f32) == "f32w_m8_r2_u2_t256:vec4"
+    assert kimi_router_ops.chosen_variant(64, 256, 3072, weight_dtype=f32) == "f32w_m16_r2_u2_t128:vec4"
     assert kimi_router_ops.chosen_variant(65, 256, 3072, weight_dtype=f32) == "cublas"
     assert kimi_router_ops.chosen_variant(1, 256, 3070, weight_dtype=f32) == "cublas"  # K % 4 != 0
     assert kimi_router_ops.chosen_variant(1, 256, 3072, weight_dtype=f32, aligned=False) == "cublas"

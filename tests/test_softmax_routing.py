@@ -168,6 +168,7 @@ def test_router_property_cuda_fused(problem, renormalize, factor):
 @given(problem=fused_router_problems(), row=st.sampled_from(variants.ROUTER_VARIANTS), renormalize=st.booleans())
 def test_router_property_cuda_every_row(problem, row, renormalize):
     x, w, bias = make_case(**problem, device="cuda")
+    w = w.to(getattr(torch, row.weight_dtype))
     args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, 1.0)
     if not (row.m_lo <= x.shape[0] <= row.m_hi and row.n_min <= w.shape[0] <= row.n_max):
         return  # the row does not serve this problem (test_router.py checks the error)
