@@ -25,7 +25,7 @@ from sglang.test.test_utils import published_topology  # noqa: E402
 from kimi_router_ops.checks import dot_error, near_tie, reference_routing  # noqa: E402
 from kimi_router_ops.integrations import sglang as kimi_sglang  # noqa: E402
 
-SWITCHES = (kimi_sglang.ENV_ALL, kimi_sglang.ENV_GATE, kimi_sglang.ENV_ROUTING)
+SWITCHES = (kimi_sglang.ENV_ALL, kimi_sglang.ENV_GATE, kimi_sglang.ENV_ROUTING, kimi_sglang.ENV_ATTN_RES)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,7 +44,7 @@ def hooks_applied():
 def op_calls(monkeypatch):
     """The calls that reach our ops from the plugin (so a silent fallback cannot pass)."""
     calls = []
-    for name in ("router_gemm", "moe_routing"):
+    for name in ("router_gemm", "moe_routing", "attn_res"):
         original = getattr(kimi_sglang.ops, name)
 
         def counting(*args, _name=name, _original=original, **kwargs):
@@ -72,7 +72,9 @@ def moe_gate(n=64, k=256, fp32=False, seed=0):
 
 
 def test_hooks_are_applied():
-    assert MoEGate.forward.__wrapped__ is not None
+    from sglang.srt.layers import attn_residual
+
+    assert MoEGate.forward.__wrapped__ is not None and attn_residual._aggregate.__wrapped__ is not None
     for name in kimi_sglang._ROUTING:
         assert getattr(sgl_topk, name).__wrapped__ is not None, name
 
@@ -205,6 +207,72 @@ def test_routing_outside_our_semantics_is_sglangs():
     assert len(called) == 8 and ids.shape == (2, 6)
 
 
+def attn_res_layers(h, eps=1e-6, seed=0):
+    """Kimi-K3's score projection and norms as SGLang builds them, bf16 (the model's dtype)."""
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.linear import ReplicatedLinear
+
+    g = torch.Generator().manual_seed(seed)
+    proj = ReplicatedLinear(h, 1, bias=False, params_dtype=torch.bfloat16)
+    norms = [RMSNorm(h, eps=eps) for _ in range(2)]
+    with torch.no_grad():
+        proj.weight.copy_(torch.randn(1, h, generator=g) * 0.05)
+        for norm in norms:
+            norm.weight = torch.nn.Parameter((torch.rand(h, generator=g) + 0.5).to(torch.bfloat16), requires_grad=False)
+    return proj, *norms
+
+
+def attn_res_float64(prefix, bank, nvb, proj, score_norm, out_norm):
+    """The aggregation's formula in float64: RMS-normed rows scored on norm ⊙ projection,
+    softmax, mix, output RMSNorm."""
+    rows = torch.cat([bank[:, :nvb], prefix.unsqueeze(1)], 1).double()
+    cw = score_norm.weight.double() * proj.weight.double().reshape(-1)
+    normed = rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + score_norm.variance_epsilon)
+    probs = (normed * cw).sum(-1).softmax(-1)
+    mixed = (probs.unsqueeze(-1) * rows).sum(1)
+    return mixed * torch.rsqrt(mixed.pow(2).mean(-1, keepdim=True) + out_norm.variance_epsilon) * out_norm.weight.double()
+
+
+@pytest.mark.parametrize("m, nvb", [(1, 8), (5, 3), (40, 1)])
+def test_k3_attn_res_is_ours(m, nvb, op_calls):
+    """SGLang's _aggregate (as AttnResidual.forward calls it) runs kimi.attn_res: the float64
+    formula within bf16 rounding."""
+    from sglang.srt.layers import attn_residual
+
+    h = 7168
+    proj, score_norm, out_norm = attn_res_layers(h)
+    g = torch.Generator().manual_seed(m)
+    prefix = torch.randn(m, h, generator=g).to(torch.bfloat16)
+    bank = torch.randn(m, 9, h, generator=g).to(torch.bfloat16)
+    ours = attn_residual._aggregate(prefix, bank, nvb, proj, score_norm, out_norm)
+    assert op_calls == ["attn_res"] and ours.dtype == torch.bfloat16 and ours.shape == (m, h)
+    exact = attn_res_float64(prefix, bank, nvb, proj, score_norm, out_norm)
+    torch.testing.assert_close(ours.double(), exact, rtol=2 ** -7, atol=1e-2)
+    # SGLang's eager reference rounds the normed rows and the scores to bf16: ours is at least
+    # as close to the formula as it is.
+    theirs = out_norm(attn_residual.aggregate_stream_torch(prefix, bank, nvb, proj, score_norm))
+    assert (ours.double() - exact).abs().max() <= (theirs.double() - exact).abs().max() + 1e-3
+
+
+def test_k3_attn_res_outside_our_kernel_is_sglangs():
+    called = []
+
+    def original(*args):
+        called.append(args)
+        return "sglang"
+
+    proj, score_norm, out_norm = attn_res_layers(64)
+    prefix, bank = torch.randn(2, 64).to(torch.bfloat16), torch.randn(2, 20, 64).to(torch.bfloat16)
+    cases = [dict(write_bank_row=True), dict(nvb=16), dict(prefix=prefix.float()), dict(h=60)]
+    for case in cases:
+        h = case.get("h", 64)
+        p = case.get("prefix", prefix)[:, :h].contiguous()
+        layers = attn_res_layers(h) if h != 64 else (proj, score_norm, out_norm)
+        assert kimi_sglang.attn_res_aggregate(original, p, bank[:, :, :h].contiguous(), case.get("nvb", 3), *layers,
+                                              case.get("write_bank_row", False)) == "sglang", case
+    assert len(called) == len(cases)
+
+
 def test_register_twice_registers_once():
     before = {t: len(HookRegistry._hooks[t]) for t in kimi_sglang._registered}
     assert kimi_sglang.register() == kimi_sglang.register()
@@ -218,7 +286,9 @@ LOADER = (
     "load_plugins()\n"
     "from sglang.srt.models.deepseek_v2 import MoEGate\n"
     "from sglang.srt.layers.moe import topk\n"
-    "print('gate', hasattr(MoEGate.forward, '__wrapped__'), 'routing', hasattr(topk.biased_grouped_topk, '__wrapped__'))\n"
+    "from sglang.srt.layers import attn_residual\n"
+    "print('gate', hasattr(MoEGate.forward, '__wrapped__'), 'routing', hasattr(topk.biased_grouped_topk, '__wrapped__'),\n"
+    "      'attn_res', hasattr(attn_residual._aggregate, '__wrapped__'))\n"
 )
 
 
@@ -230,15 +300,16 @@ def test_plugin_loads_through_sglangs_loader_and_each_switch():
     if not any(ep.value.startswith("kimi_router_ops.") for ep in entry_points(group="sglang.srt.plugins")):
         pytest.skip("kimi_router_ops is not installed with its entry points here (a source checkout on PYTHONPATH)")
     env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
-    cases = {None: (True, True), kimi_sglang.ENV_ALL: (False, False), kimi_sglang.ENV_GATE: (False, True),
-             kimi_sglang.ENV_ROUTING: (True, False)}
+    cases = {None: (True, True, True), kimi_sglang.ENV_ALL: (False, False, False),
+             kimi_sglang.ENV_GATE: (False, True, True), kimi_sglang.ENV_ROUTING: (True, False, True),
+             kimi_sglang.ENV_ATTN_RES: (True, True, False)}
     runs = {switch: subprocess.Popen([sys.executable, "-c", LOADER], env={**env, **({switch: "0"} if switch else {})},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for switch in cases}
-    for switch, (gate, routing) in cases.items():
+    for switch, (gate, routing, attn_res) in cases.items():
         out, _ = runs[switch].communicate(timeout=900)
         assert runs[switch].returncode == 0, out[-3000:]
-        assert f"gate {gate} routing {routing}" in out, (switch, out[-3000:])
+        assert f"gate {gate} routing {routing} attn_res {attn_res}" in out, (switch, out[-3000:])
         if switch is None:
             assert "kimi_router_ops: replaced MoEGate.forward" in out, out[-3000:]
 

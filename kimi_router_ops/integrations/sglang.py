@@ -1,4 +1,4 @@
-"""SGLang plugin: SGLang's MoE gate GEMM and routing on kimi_router_ops' ops.
+"""SGLang plugin: SGLang's MoE gate GEMM, routing and Kimi-K3 AttnRes on kimi_router_ops' ops.
 
     pip install "kimi_router_ops[sglang]"    # then SGLang loads the plugin in every process
 
@@ -18,15 +18,18 @@ SGLang's code does, SGLang's own function otherwise.
   Qwen3-MoE; sigmoid with or without one, on the CPU and on CUDA) become `moe_routing`,
   where the semantics match: no fused shared-expert slots, no per-token bias, no packed
   output, no padded-row mask or expert remapping inside the function, top_k within the kept
-  groups. SGLang's
-  routed_scaling_factor is applied where SGLang applies it in the function
+  groups. SGLang's routed_scaling_factor is applied where SGLang applies it in the function
   (`apply_routed_scaling_factor_on_output`). Expert remapping, padding masks, shared-slot
   columns and the recorder stay SGLang's: they run in `select_experts` around these
   functions.
+- Kimi-K3's attention residual on Hopper: `attn_residual._aggregate` (score, softmax over the
+  block bank and the prefix, mix, output RMSNorm: a two-kernel Triton pipeline on Hopper;
+  SM100 runs SGLang's TMA kernel) becomes `kimi.attn_res` on sm_90 and the CPU, for bf16
+  inputs our kernel serves (H % 8 == 0 up to 8192, at most 15 blocks, no fused bank write).
 
 Switches, read by `register()`: KIMI_ROUTER_OPS_SGLANG=0 (nothing),
-KIMI_ROUTER_OPS_SGLANG_GATE=0, KIMI_ROUTER_OPS_SGLANG_ROUTING=0. One log line says what was
-replaced. `import kimi_router_ops` never imports SGLang; this module imports it inside
+KIMI_ROUTER_OPS_SGLANG_GATE=0, KIMI_ROUTER_OPS_SGLANG_ROUTING=0,
+KIMI_ROUTER_OPS_SGLANG_ATTN_RES=0. One log line says what was replaced. `import kimi_router_ops` never imports SGLang; this module imports it inside
 `register()`. Called by hand (outside SGLang's loader), `register()` only registers: call
 `HookRegistry.apply_hooks()` after it, as SGLang's loader does.
 """
@@ -37,9 +40,12 @@ import os
 import torch
 
 from .. import ops
+from ..variants import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_SGLANG", "KIMI_ROUTER_OPS_SGLANG_GATE", "KIMI_ROUTER_OPS_SGLANG_ROUTING"
+ENV_ATTN_RES = "KIMI_ROUTER_OPS_SGLANG_ATTN_RES"
 GATE_TARGET = "sglang.srt.models.deepseek_v2.MoEGate.forward"
+ATTN_RES_TARGET = "sglang.srt.layers.attn_residual._aggregate"
 TOPK_MODULE = "sglang.srt.layers.moe.topk"
 ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 logger = logging.getLogger("sglang.kimi_router_ops")
@@ -69,6 +75,8 @@ def register() -> list[str]:
                 hooks[f"{TOPK_MODULE}.{name}"] = (hook, f"{name} (routing: moe_routing)")
         else:  # SGLang's CPU AMX kernels take other arguments
             logger.info("kimi_router_ops: SGLang routes with its CPU AMX kernels here; routing not replaced")
+    if _enabled(ENV_ATTN_RES):
+        hooks[ATTN_RES_TARGET] = (attn_res_aggregate, "Kimi-K3 attention residual (_aggregate: kimi.attn_res on sm_90)")
     for target, (hook, _) in hooks.items():
         if target not in _registered:
             HookRegistry.register(target, hook, HookType.AROUND)
@@ -179,6 +187,30 @@ def biased_topk_jit_kernel_impl(original, hidden_states, gating_output, correcti
     return original(hidden_states, gating_output, correction_bias, topk, renormalize, scoring_func,
                     num_fused_shared_experts, routed_scaling_factor, num_token_non_padded,
                     expert_location_dispatch_info, apply_routed_scaling_factor_on_output, **extras)
+
+
+def _attn_res_served(prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row) -> bool:
+    """Our kernel's inputs, on the CPU and sm_90 (SM100 runs SGLang's TMA kernel)."""
+    if prefix_sum.device.type != "cpu" and not (prefix_sum.is_cuda and torch.cuda.get_device_capability(prefix_sum.device)
+                                                == (9, 0)):
+        return False
+    weights = [getattr(score_proj, "weight", None), getattr(score_norm, "weight", None),
+               getattr(out_norm, "weight", None)]
+    h = prefix_sum.shape[-1] if prefix_sum.dim() == 2 else 0
+    return (not write_bank_row and 1 <= nvb <= ATTN_RES_KERNEL.max_blocks and bank.dim() == 3
+            and h % 8 == 0 and 0 < h <= ATTN_RES_KERNEL.max_hidden and getattr(score_proj, "bias", None) is None
+            and all(isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 for w in (prefix_sum, bank, *weights))
+            and weights[0].numel() == h and weights[1].shape == weights[2].shape == (h,))
+
+
+def attn_res_aggregate(original, prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row=False):
+    """SGLang's Kimi-K3 aggregation (score, softmax over bank[:, :nvb] and the prefix, mix,
+    output RMSNorm) on kimi.attn_res, which takes the same weights: the score norm's and
+    projection's (SGLang multiplies them into one vector too) and the output norm's."""
+    if _attn_res_served(prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row):
+        return ops.attn_res(prefix_sum, None, bank, score_norm.weight, score_proj.weight.reshape(-1), out_norm.weight,
+                            nvb, -1, float(score_norm.variance_epsilon), float(out_norm.variance_epsilon))
+    return original(prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row)
 
 
 # SGLang's module-level names that select_experts calls (it looks each up at call time).
