@@ -169,6 +169,23 @@ def save_report(out: Path, stem: str, report: dict, table: str) -> None:
     print(table)
 
 
+def two_way_tables(results, group: str, columns: tuple) -> list:
+    """Markdown lines: one table per value of `group`, a row per value of the `columns`, a
+    cell per M: "after the layer (back to back)" (bench_chain, bench_precisions)."""
+    lines = []
+    m_list = list(dict.fromkeys(r["M"] for r in results))
+    for name in dict.fromkeys(r[group] for r in results):
+        rows = [r for r in results if r[group] == name]
+        lines += ["", f"{name}:", "", "| " + " | ".join(columns) + " | " + " | ".join(f"M = {m}" for m in m_list)
+                  + " |", "|---" * (len(columns) + len(m_list)) + "|"]
+        for key in dict.fromkeys(tuple(r[c] for c in columns) for r in rows):
+            cells = {r["M"]: r for r in rows if tuple(r[c] for c in columns) == key}
+            lines.append("| " + " | ".join(key) + " | " + " | ".join(
+                f"{cells[m]['after_layer']:.2f} ({cells[m]['back_to_back']:.2f})" if m in cells else ""
+                for m in m_list) + " |")
+    return lines
+
+
 def _driver_version() -> str:
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],

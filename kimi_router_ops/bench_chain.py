@@ -20,7 +20,7 @@ import datetime
 import torch
 
 import kimi_router_ops
-from kimi_router_ops.bench import git_commit, parse_bench_args, save_report
+from kimi_router_ops.bench import git_commit, parse_bench_args, save_report, two_way_tables
 from kimi_router_ops.bench_router import CONFIGS
 from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
 
@@ -107,23 +107,10 @@ def run(shapes, m_list, replays):
 
 
 def markdown(report):
-    lines = [
-        f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: "
-        f"us per (producer, consumer) pair, median of CUDA-graph replays, cold weights; each cell "
-        f"is after the layer (back to back). The layer kernel: {report['layer_us']:.1f} us.",
-    ]
-    results = report["results"]
-    m_list = list(dict.fromkeys(r["M"] for r in results))
-    for shape in dict.fromkeys(r["shape"] for r in results):
-        lines += ["", f"{shape}:", "", "| producer | consumer | " + " | ".join(f"M = {m}" for m in m_list) + " |",
-                  "|---" * (2 + len(m_list)) + "|"]
-        rows = [r for r in results if r["shape"] == shape]
-        for key in dict.fromkeys((r["producer"], r["consumer"]) for r in rows):
-            cells = {r["M"]: r for r in rows if (r["producer"], r["consumer"]) == key}
-            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
-                f"{cells[m]['after_layer']:.2f} ({cells[m]['back_to_back']:.2f})" if m in cells else ""
-                for m in m_list) + " |")
-    return "\n".join(lines) + "\n"
+    header = (f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: "
+              f"us per (producer, consumer) pair, median of CUDA-graph replays, cold weights; each cell "
+              f"is after the layer (back to back). The layer kernel: {report['layer_us']:.1f} us.")
+    return "\n".join([header, *two_way_tables(report["results"], "shape", ("producer", "consumer"))]) + "\n"
 
 
 def main():

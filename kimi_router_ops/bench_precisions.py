@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from kimi_router_ops.bench import git_commit, hbm_read_bandwidth, parse_bench_args, save_report
+from kimi_router_ops.bench import git_commit, hbm_read_bandwidth, parse_bench_args, save_report, two_way_tables
 from kimi_router_ops.timing import graph_time_us, l2_bytes
 
 LAYER_MIB = 48
@@ -98,23 +98,10 @@ def run(shapes, m_list, replays, candidates):
 
 
 def markdown(report):
-    lines = [
-        f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: us per call, "
-        f"median of CUDA-graph replays, cold weights; each cell is after the layer (back to back). "
-        f"HBM read {report['hbm_tb_s']:.2f} TB/s.",
-    ]
-    results = report["results"]
-    m_list = list(dict.fromkeys(r["M"] for r in results))
-    for table in dict.fromkeys(r["table"] for r in results):
-        rows = [r for r in results if r["table"] == table]
-        lines += ["", f"{table}:", "", "| shape | impl | " + " | ".join(f"M = {m}" for m in m_list) + " |",
-                  "|---" * (2 + len(m_list)) + "|"]
-        for key in dict.fromkeys((r["shape"], r["impl"]) for r in rows):
-            cells = {r["M"]: r for r in rows if (r["shape"], r["impl"]) == key}
-            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(
-                f"{cells[m]['after_layer']:.2f} ({cells[m]['back_to_back']:.2f})" if m in cells else ""
-                for m in m_list) + " |")
-    return "\n".join(lines) + "\n"
+    header = (f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: us per "
+              f"call, median of CUDA-graph replays, cold weights; each cell is after the layer (back to back). "
+              f"HBM read {report['hbm_tb_s']:.2f} TB/s.")
+    return "\n".join([header, *two_way_tables(report["results"], "table", ("shape", "impl"))]) + "\n"
 
 
 def main():

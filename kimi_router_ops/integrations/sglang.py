@@ -40,6 +40,7 @@ import os
 import torch
 
 from .. import ops
+from ._engines import gate_dtypes_served, routes
 from ..variants import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_SGLANG", "KIMI_ROUTER_OPS_SGLANG_GATE", "KIMI_ROUTER_OPS_SGLANG_ROUTING"
@@ -47,7 +48,6 @@ ENV_ATTN_RES = "KIMI_ROUTER_OPS_SGLANG_ATTN_RES"
 GATE_TARGET = "sglang.srt.models.deepseek_v2.MoEGate.forward"
 ATTN_RES_TARGET = "sglang.srt.layers.attn_residual._aggregate"
 TOPK_MODULE = "sglang.srt.layers.moe.topk"
-ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 logger = logging.getLogger("sglang.kimi_router_ops")
 _registered: list[str] = []  # the targets hooked, once per process
 
@@ -98,31 +98,12 @@ def _deterministic() -> bool:
 def moe_gate_forward(original, self, hidden_states, *args, **kwargs):
     """MoEGate.forward: router_gemm where the gate is a plain bf16 or fp32 matrix."""
     w = self.weight
-    served = {torch.bfloat16: (torch.bfloat16,), torch.float32: ROUTED_DTYPES}.get(w.dtype, ())
-    if (hidden_states.dtype in served and hidden_states.dim() == 2 and not getattr(self, "use_intel_amx_backend", False)
-            and not _deterministic()):
+    if (gate_dtypes_served(hidden_states.dtype, w.dtype) and hidden_states.dim() == 2
+            and not getattr(self, "use_intel_amx_backend", False) and not _deterministic()):
         # fp32 logits, as SGLang's CUDA path gives at every M (its CPU path rounds a bf16
         # gate's logits to bf16 above its tiny-GEMM size).
         return ops.router_gemm(hidden_states, w, None, torch.float32)
     return original(self, hidden_states, *args, **kwargs)
-
-
-def _routes(gating_output, bias, scoring_func, top_k, n_group, topk_group) -> bool:
-    """Whether moe_routing computes what SGLang computes: the scoring, dtypes and shapes it
-    takes, and a group rule that is ours (SGLang scores a group by the sum of its two best
-    biased scores with a bias, by its best score without one; ours by the two best with
-    sigmoid, the best with softmax; with every group kept the rule does not matter)."""
-    if scoring_func not in ("sigmoid", "softmax") or gating_output.dtype not in ROUTED_DTYPES:
-        return False
-    if gating_output.dim() != 2 or (bias is not None and (bias.dtype not in ROUTED_DTYPES or bias.dim() != 1)):
-        return False
-    n = gating_output.shape[-1]
-    if n_group < 1 or n % n_group or not 1 <= topk_group <= n_group:
-        return False
-    if n_group > 1 and scoring_func == "sigmoid" and n // n_group < 2:
-        return False
-    same_rule = topk_group >= n_group or (bias is not None) == (scoring_func == "sigmoid")
-    return 1 <= top_k <= topk_group * (n // n_group) and same_rule
 
 
 def _scale(routed_scaling_factor, apply_on_output) -> float:
@@ -135,7 +116,7 @@ def biased_grouped_topk(original, hidden_states, gating_output, correction_bias,
     """SGLang's biased_grouped_topk (sigmoid, the bias for the choice, groups scored by their
     two best) on moe_routing."""
     n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
-    if num_fused_shared_experts == 0 and _routes(gating_output, correction_bias, "sigmoid", topk, n_group, kept):
+    if num_fused_shared_experts == 0 and routes(gating_output, correction_bias, "sigmoid", topk, n_group, kept):
         return ops.moe_routing(gating_output, correction_bias, topk, n_group, kept, renormalize,
                                _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), "sigmoid")
     return original(hidden_states, gating_output, correction_bias, topk, renormalize, num_expert_group, topk_group,
@@ -147,7 +128,7 @@ def grouped_topk(original, hidden_states, gating_output, topk, renormalize, num_
                  scoring_func="softmax"):
     """SGLang's grouped_topk (no bias; groups scored by their best) on moe_routing."""
     n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
-    if num_fused_shared_experts == 0 and _routes(gating_output, None, scoring_func, topk, n_group, kept):
+    if num_fused_shared_experts == 0 and routes(gating_output, None, scoring_func, topk, n_group, kept):
         return ops.moe_routing(gating_output, None, topk, n_group, kept, renormalize,
                                _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), scoring_func)
     return original(hidden_states, gating_output, topk, renormalize, num_expert_group, topk_group,
@@ -162,7 +143,7 @@ def fused_topk(original, hidden_states, gating_output, topk, renormalize, correc
     softmax ignores one), sigmoid with or without one; no packed output."""
     plain = num_fused_shared_experts == 0 and packed_out is None
     if plain and (scoring_func == "sigmoid" or correction_bias is None) \
-            and _routes(gating_output, correction_bias, scoring_func, topk, 1, 1):
+            and routes(gating_output, correction_bias, scoring_func, topk, 1, 1):
         return ops.moe_routing(gating_output, correction_bias, topk, 1, 1, renormalize,
                                _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), scoring_func)
     return original(hidden_states, gating_output, topk, renormalize, correction_bias, scoring_func,
@@ -181,7 +162,7 @@ def biased_topk_jit_kernel_impl(original, hidden_states, gating_output, correcti
                   router_logits_partials=router_logits_partials, num_shared_append=num_shared_append)
     plain = (num_fused_shared_experts == 0 and num_token_non_padded is None and expert_location_dispatch_info is None
              and packed_out is None and router_logits_partials is None and num_shared_append == 0)
-    if plain and scoring_func == "sigmoid" and _routes(gating_output, correction_bias, scoring_func, topk, 1, 1):
+    if plain and scoring_func == "sigmoid" and routes(gating_output, correction_bias, scoring_func, topk, 1, 1):
         return ops.moe_routing(gating_output, correction_bias, topk, 1, 1, renormalize,
                                _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), scoring_func)
     return original(hidden_states, gating_output, correction_bias, topk, renormalize, scoring_func,

@@ -45,6 +45,7 @@ import sys
 import torch
 
 from .. import ops
+from ._engines import ROUTED_DTYPES, gate_dtypes_served, routes
 from ..variants import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_VLLM", "KIMI_ROUTER_OPS_VLLM_GATE", "KIMI_ROUTER_OPS_VLLM_ROUTING"
@@ -56,7 +57,6 @@ ROUTING_MODULES = {
 }
 # Kimi-K3's AttnRes: the function's module, and the model module that imported its name.
 ATTN_RES_MODULES = ("vllm.models.kimi_k3.nvidia.ops", "vllm.models.kimi_k3.nvidia.model")
-ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 logger = logging.getLogger("vllm.kimi_router_ops")  # a child of vLLM's logger: vLLM's format
 _originals: dict[str, object] = {}  # what register() replaced: name -> vLLM's own
 _padding_mask = None  # vLLM's fused_topk_bias_router._get_padding_mask, kept by register()
@@ -187,7 +187,7 @@ def _gate_class():
             def forward(self, x: torch.Tensor):
                 w, bias = self.weight, self.bias
                 if (self.is_unquantized and not envs.VLLM_BATCH_INVARIANT and x.dim() == 2
-                        and _gate_dtypes_served(x.dtype, w.dtype) and self.out_dtype in (None, *ROUTED_DTYPES)
+                        and gate_dtypes_served(x.dtype, w.dtype) and self.out_dtype in (None, *ROUTED_DTYPES)
                         and (bias is None or (not self.skip_bias_add and bias.dtype == w.dtype))):
                     out_dtype = self.out_dtype or (torch.bfloat16 if w.dtype == torch.bfloat16 else torch.float32)
                     return self._return(ops.router_gemm(x, w, bias, out_dtype))
@@ -197,39 +197,11 @@ def _gate_class():
     return _GATE_CLASS
 
 
-def _gate_dtypes_served(x_dtype, weight_dtype) -> bool:
-    """bf16 gates on bf16 tokens; fp32 gates on bf16 or fp32 tokens (what router_gemm takes)."""
-    if weight_dtype == torch.bfloat16:
-        return x_dtype == torch.bfloat16
-    return weight_dtype == torch.float32 and x_dtype in ROUTED_DTYPES
-
-
-def _group_rule_matches(scoring_func, bias, n_group, topk_group) -> bool:
-    """vLLM scores a group by the sum of its two best biased scores when there is a bias,
-    by its best score otherwise; ours by the two best with sigmoid, the best with softmax.
-    With every group kept the rule does not matter."""
-    return topk_group >= n_group or (bias is not None) == (scoring_func == "sigmoid")
-
-
-def _routes(gating_output, bias, scoring_func, top_k, n_group, topk_group) -> bool:
-    """Whether moe_routing computes what vLLM's function computes here."""
-    if scoring_func not in ("sigmoid", "softmax") or gating_output.dtype not in ROUTED_DTYPES:
-        return False
-    if gating_output.dim() != 2 or (bias is not None and bias.dtype not in ROUTED_DTYPES):
-        return False
-    n = gating_output.shape[-1]
-    if n_group < 1 or n % n_group or not 1 <= topk_group <= n_group:
-        return False
-    if n_group > 1 and scoring_func == "sigmoid" and n // n_group < 2:
-        return False
-    return 1 <= top_k <= topk_group * (n // n_group) and _group_rule_matches(scoring_func, bias, n_group, topk_group)
-
-
 def grouped_topk(hidden_states, gating_output, topk, renormalize, num_expert_group=0, topk_group=0,
                  scoring_func="softmax", routed_scaling_factor=1.0, e_score_correction_bias=None):
     """vLLM's grouped_topk (its signature; weights fp32, ids int32) on moe_routing."""
     n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
-    if _routes(gating_output, e_score_correction_bias, scoring_func, topk, n_group, kept):
+    if routes(gating_output, e_score_correction_bias, scoring_func, topk, n_group, kept):
         return ops.moe_routing(gating_output, e_score_correction_bias, topk, n_group, kept, renormalize,
                                routed_scaling_factor, scoring_func)
     return _originals["grouped_topk"](hidden_states, gating_output, topk, renormalize, num_expert_group,
@@ -245,7 +217,7 @@ def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correcti
     plain = input_tokens is None and hash_indices_table is None and bias_vl is None
     if plain and scoring_func == "sigmoid" and indices_type in (None, torch.int32) \
             and _padding_mask(gating_output.shape[0]) is None \
-            and _routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1):
+            and routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1):
         return ops.moe_routing(gating_output, e_score_correction_bias, topk, 1, 1, renormalize,
                                routed_scaling_factor, scoring_func)
     return _originals["fused_topk_bias"](

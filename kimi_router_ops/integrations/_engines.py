@@ -1,0 +1,31 @@
+"""What the vLLM and SGLang plugins share: which of an engine's gate and routing calls our ops
+compute exactly as the engine does. Both engines score a group by the sum of its two best
+biased scores when there is a bias and by its best score otherwise."""
+
+import torch
+
+ROUTED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def gate_dtypes_served(x_dtype, weight_dtype) -> bool:
+    """bf16 gates on bf16 tokens; fp32 gates on bf16 or fp32 tokens (what router_gemm takes)."""
+    if weight_dtype == torch.bfloat16:
+        return x_dtype == torch.bfloat16
+    return weight_dtype == torch.float32 and x_dtype in ROUTED_DTYPES
+
+
+def routes(gating_output, bias, scoring_func, top_k, n_group, topk_group) -> bool:
+    """Whether moe_routing computes what the engine's routing function computes here: the
+    scoring, dtypes and shapes it takes, and a group rule that is ours (the two best with
+    sigmoid, the best with softmax; with every group kept the rule does not matter)."""
+    if scoring_func not in ("sigmoid", "softmax") or gating_output.dtype not in ROUTED_DTYPES:
+        return False
+    if gating_output.dim() != 2 or (bias is not None and (bias.dtype not in ROUTED_DTYPES or bias.dim() != 1)):
+        return False
+    n = gating_output.shape[-1]
+    if n_group < 1 or n % n_group or not 1 <= topk_group <= n_group:
+        return False
+    if n_group > 1 and scoring_func == "sigmoid" and n // n_group < 2:
+        return False
+    same_rule = topk_group >= n_group or (bias is not None) == (scoring_func == "sigmoid")
+    return 1 <= top_k <= topk_group * (n // n_group) and same_rule
