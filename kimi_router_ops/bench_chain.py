@@ -4,7 +4,7 @@ In a decode step the router follows a producer (an RMSNorm, or Kimi-K3's AttnRes
 PDL, and the producer follows the rest of the layer, whose last kernel does not release it
 early. So each (producer, consumer) pair is timed two ways, in CUDA graphs of one pair per
 weight copy (cold weights and biases):
-- after the layer: a non-PDL kernel (an elementwise op over LAYER_MIB, about 25 us, which also
+- after the layer: a non-PDL kernel (an elementwise op over 48 MiB, about 25 us, which also
   evicts L2) before each pair; the pair's time is the graph's minus that of the layer
   kernels alone;
 - back to back: pair after pair, each launch overlapping the one before it.
@@ -22,16 +22,14 @@ import torch
 import kimi_router_ops
 from kimi_router_ops.bench import git_commit, parse_bench_args, save_report, two_way_tables
 from kimi_router_ops.bench_router import CONFIGS
-from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
+from kimi_router_ops.timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies
 
 EPS = 1e-6
-LAYER_MIB = 48
 SHAPES = ("kimi-k3", "kimi-k2", "deepseek-v3")
 M_LIST = (1, 2, 4, 8, 16)
 # The same GEMM without its weight loads before the PDL wait (kimi_router_ops/variants.py).
 NO_PREFETCH = {1: "m1_r4_t256", 2: "mma8_t2c4w8u7_noprefetch", 4: "mma8_t2c4w8u7_noprefetch",
                8: "mma8_t2c4w8u7_noprefetch"}
-AFTER_LAYER_PAIRS = 12  # pairs in a graph after the layer (fewer copies suffice: the layer evicts L2)
 
 
 def producers(m, k):
@@ -71,14 +69,7 @@ def consumers(m, config):
 
 
 def run(shapes, m_list, replays):
-    layer_data = torch.ones(LAYER_MIB * 2**20 // 2, device="cuda", dtype=torch.bfloat16)
-    layer = lambda: layer_data.mul_(1.0)  # noqa: E731  (a plain ATen kernel: no PDL)
-    layer_us = graph_time_us([layer] * AFTER_LAYER_PAIRS, replays=replays)
-
-    def after_layer_us(thunks):
-        """Per thunk, each behind a layer kernel: the graph's time less the layers'."""
-        calls = [f for thunk in thunks for f in (layer, thunk)]
-        return round(graph_time_us(calls, replays=replays) * 2 - layer_us, 3)
+    layer_us, after_layer_us = after_layer_timer(replays)
 
     results = []
     for shape in shapes:
@@ -93,13 +84,13 @@ def run(shapes, m_list, replays):
                              for w, b in zip(weights, biases)]
                     results.append({
                         "shape": shape, "M": m, "producer": producer_name, "consumer": consumer_name,
-                        "after_layer": after_layer_us(calls[:AFTER_LAYER_PAIRS]),
+                        "after_layer": after_layer_us(calls),
                         "back_to_back": round(graph_time_us(calls, replays=replays), 3),
                     })
                 if produce:  # the producer alone, both ways
                     results.append({
                         "shape": shape, "M": m, "producer": producer_name, "consumer": "none",
-                        "after_layer": after_layer_us([produce] * AFTER_LAYER_PAIRS),
+                        "after_layer": after_layer_us([produce] * AFTER_LAYER_CALLS),
                         "back_to_back": round(graph_time_us([produce] * len(weights), replays=replays), 3),
                     })
         del weights

@@ -6,7 +6,7 @@ their gate in fp32): `router_gemm` and each fp32-weight kernel against cuBLAS in
 bias, top-8) against the GEMM alone, and gpt-oss's router (bf16, with its gate bias, top-4
 softmax) against the same router without the bias. Every cell is timed two ways, in CUDA
 graphs of one call per weight copy (cold weights): after the layer (a non-PDL kernel over
-LAYER_MIB before each call, subtracted) and back to back. Writes <out>/precisions.json, .md.
+48 MiB before each call, subtracted) and back to back. Writes <out>/precisions.json, .md.
 """
 
 import argparse
@@ -18,10 +18,8 @@ import torch.nn.functional as F
 import kimi_router_ops
 from kimi_router_ops import variants
 from kimi_router_ops.bench import git_commit, hbm_read_bandwidth, parse_bench_args, save_report, two_way_tables
-from kimi_router_ops.timing import graph_time_us, l2_bytes
+from kimi_router_ops.timing import after_layer_timer, graph_time_us, l2_bytes
 
-LAYER_MIB = 48
-AFTER_LAYER_CALLS = 12
 # (K, N): vLLM's fp32_router_gemm shapes (MiniMax-M2, MiniMax-M3, 6144 x 256), one it lacks,
 # and a sweep of other gates.
 FP32_SHAPES = ((3072, 256), (6144, 128), (6144, 256), (7168, 256))
@@ -44,14 +42,10 @@ def fp32_gemms(m, candidates):
 
 
 def run(shapes, m_list, replays, candidates):
-    layer_data = torch.ones(LAYER_MIB * 2**20 // 2, device="cuda", dtype=torch.bfloat16)
-    layer = lambda: layer_data.mul_(1.0)  # noqa: E731  (a plain ATen kernel: no PDL)
-    layer_us = graph_time_us([layer] * AFTER_LAYER_CALLS, replays=replays)
+    layer_us, after_layer_us = after_layer_timer(replays)
 
     def both_ways(calls):
-        after = [f for call in calls[:AFTER_LAYER_CALLS] for f in (layer, call)]
-        return {"after_layer": round(graph_time_us(after, replays=replays) * 2 - layer_us, 3),
-                "back_to_back": round(graph_time_us(calls, replays=replays), 3)}
+        return {"after_layer": after_layer_us(calls), "back_to_back": round(graph_time_us(calls, replays=replays), 3)}
 
     def copies(n, k, dtype):
         count = min(256, max(2, -(-3 * l2_bytes() // (n * k * dtype.itemsize))))

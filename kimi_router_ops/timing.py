@@ -42,3 +42,24 @@ def weight_copies(n: int, k: int, min_bytes: int, device="cuda", most: int = 256
 
 def l2_bytes(device=None) -> int:
     return torch.cuda.get_device_properties(device).L2_cache_size
+
+
+# "After the layer": a non-PDL kernel (an elementwise op over LAYER_MIB, about 25 us, which
+# also evicts L2) before each timed call, as the rest of a decode layer runs before its router.
+LAYER_MIB = 48
+AFTER_LAYER_CALLS = 12  # calls in a graph after the layer (fewer copies suffice: the layer evicts L2)
+
+
+def after_layer_timer(replays: int):
+    """(layer_us, time): the layer kernel's own time, and time(thunks) -> us per thunk, each
+    behind a layer kernel (the graph's time less the layers'), for the first
+    AFTER_LAYER_CALLS thunks."""
+    layer_data = torch.ones(LAYER_MIB * 2**20 // 2, device="cuda", dtype=torch.bfloat16)
+    layer = lambda: layer_data.mul_(1.0)  # noqa: E731  (a plain ATen kernel: no PDL)
+    layer_us = graph_time_us([layer] * AFTER_LAYER_CALLS, replays=replays)
+
+    def time(thunks):
+        calls = [f for thunk in thunks[:AFTER_LAYER_CALLS] for f in (layer, thunk)]
+        return round(graph_time_us(calls, replays=replays) * 2 - layer_us, 3)
+
+    return layer_us, time
