@@ -2,9 +2,9 @@
 one file serves every CPython >= 3.10, and every torch >= 2.10: see MIN_TORCH).
 
 With a CUDA build of torch: the CuTe DSL kernels are compiled ahead of time
-(kimi_router_ops/aot.py, needs nvidia-cutlass-dsl, no GPU) and linked with the CuTe DSL
+(python -m kimi_router_ops.aot, needs nvidia-cutlass-dsl, no GPU) and linked with the CuTe DSL
 static runtime and a static cudart into _C. Set KIMI_ROUTER_OPS_AOT_DIR to a directory made
-by aot.py elsewhere to skip that step (a GPU machine without nvidia-cutlass-dsl).
+by it elsewhere to skip that step (a GPU machine without nvidia-cutlass-dsl).
 With a CPU-only torch (or KIMI_ROUTER_OPS_CPU_ONLY=1): the CPU kernels only.
 """
 
@@ -29,8 +29,11 @@ os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0;10.0")
 import torch  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "kimi_router_ops"))
-import variants  # noqa: E402
+
+def run_aot(*args: str) -> None:
+    """The build layer (kimi_router_ops.aot), from this tree, before _C exists."""
+    env = dict(os.environ, KIMI_ROUTER_OPS_BUILD="1")
+    subprocess.run([sys.executable, "-m", "kimi_router_ops.aot", *args], cwd=ROOT, env=env, check=True)
 
 
 def cuda_build_wanted() -> bool:
@@ -44,13 +47,13 @@ def aot_directory() -> Path:
     if prebuilt:
         return Path(prebuilt).resolve()
     out = BUILD / "aot"
-    inputs = [ROOT / "kimi_router_ops" / n for n in ("aot.py", "variants.py")]
-    inputs += list((ROOT / "kimi_router_ops" / "kernels").glob("*.py"))
+    package = ROOT / "kimi_router_ops"
+    inputs = [package / "variants.py", *(package / "aot").glob("*.py"), *(package / "kernels").glob("*.py")]
     table = out / "kimi_kernels.h"
     # pip runs setup.py more than once per install; compile again only when a source changed.
     if not table.exists() or table.stat().st_mtime < max(p.stat().st_mtime for p in inputs):
-        aot = ROOT / "kimi_router_ops" / "aot.py"
-        subprocess.run([sys.executable, str(aot), "--out", str(out)], check=True)
+        run_aot("--out", str(out))
+        table.touch()  # written only when changed: mark it up to date
     return out
 
 
@@ -63,11 +66,8 @@ TARGET_VERSION = f"-DTORCH_TARGET_VERSION=0x{MIN_TORCH[0]:02x}{MIN_TORCH[1]:02x}
 
 def extension():
     generated = BUILD / "generated"
-    generated.mkdir(parents=True, exist_ok=True)
-    variants.write_variant_table_header(str(generated / "kimi_variant_table.h"))
-    # relative to setup.py
-    sources = ["csrc/torch_stable.cpp", "csrc/ll_bf16_gemm.cpp", "csrc/ll_bf16_router.cpp",
-               "csrc/moe_routing.cpp", "csrc/rms_norm.cpp", "csrc/attn_res.cpp"]
+    run_aot("--tables", str(generated))
+    sources = sorted(glob.glob("csrc/*.cpp", root_dir=ROOT))  # relative to setup.py
     include_dirs = [str(ROOT / "csrc"), str(generated)]
     cxx_flags = ["-O2", "-g0", TARGET_VERSION]  # -g0: no debug info, _C is a third of the size
     # Only libraries whose symbols _C uses become dependencies (torch's stable C shims).
@@ -80,7 +80,7 @@ def extension():
     aot = aot_directory()
     objects = sorted(glob.glob(str(aot / "sm_*" / "*.o")))
     if not objects or not (aot / "kimi_kernels.h").exists():
-        raise SystemExit(f"no ahead-of-time kernels in {aot}: run kimi_router_ops/aot.py")
+        raise SystemExit(f"no ahead-of-time kernels in {aot}: run python -m kimi_router_ops.aot --out {aot}")
     cuda = Path(cpp_extension.CUDA_HOME)
     return stable_only(cpp_extension.CppExtension(
         "kimi_router_ops._C",
@@ -117,7 +117,7 @@ class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
 
 
 setup(
-    # The CuTe DSL kernel sources are build inputs (aot.py), compiled into _C: not installed.
+    # The CuTe DSL kernel sources are build inputs (kimi_router_ops.aot), compiled into _C: not installed.
     packages=find_packages(include=["kimi_router_ops", "kimi_router_ops.*"], exclude=["kimi_router_ops.kernels"]),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExt},

@@ -9,7 +9,7 @@
 #include <limits>
 #include <sstream>
 
-#include "kimi_variant_table.h"
+#include "kimi_tables.h"
 #include "ll_bf16_gemm.h"
 
 namespace kimi {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "torch_stable.h"
-#include "variant_row.h"
+#include "kimi_tables.h"
 
 namespace kimi {
 

@@ -23,7 +23,6 @@
 #include <string>
 #include <tuple>
 
-#include "kimi_variant_table.h"
 #include "ll_bf16_gemm.h"
 #include "ll_bf16_router.h"
 #include "moe_routing.h"
@@ -36,18 +35,17 @@ constexpr const char* kOp = "ll_bf16_router";
 
 void check_router_inputs(const char* op, const Tensor& x, const Tensor& w,
                          const OptionalTensor& bias, const OptionalTensor& gate_bias,
-                         int64_t top_k, int64_t n_group, int64_t topk_group, Scoring scoring) {
+                         const RoutingParams& r) {
   if (std::string(op) == kOp) {
     check_inputs(x, w, kFloat, op);
   } else {
     check_router_gemm_inputs(x, w, gate_bias, kFloat, op);
   }
-  check_routing_args(op, w.size(0), w.device(), "router_weight", bias, top_k, n_group,
-                     topk_group, scoring);
+  check_routing_args(op, w.size(0), w.device(), "router_weight", bias, r);
 }
 
-std::string router_row_misfit(const RouterRow& row, const RouterProblem& p, int64_t top_k,
-                              int64_t n_group, int64_t topk_group) {
+std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
+                              const RoutingParams& r) {
   const int64_t M = p.M, N = p.N, K = p.K;
   std::ostringstream why;
   if (!kernels_support(p.sm, N, K)) {
@@ -61,11 +59,11 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p, int6
     why << "handles 1 <= M <= " << row.m_hi << ", got M = " << M;
   } else if (N > row.n_max) {
     why << "routes N <= " << row.n_max << " experts, got N = " << N;
-  } else if (top_k > kRouterMaxTopK) {
+  } else if (r.top_k > kRouterMaxTopK) {
     // The picked ids are spread over the lanes of a warp, and so are the group scores.
-    why << "picks top_k <= " << kRouterMaxTopK << ", got " << top_k;
-  } else if (topk_group < n_group && n_group > kRouterMaxGroups) {
-    why << "drops groups only among n_group <= " << kRouterMaxGroups << ", got " << n_group;
+    why << "picks top_k <= " << kRouterMaxTopK << ", got " << r.top_k;
+  } else if (r.topk_group < r.n_group && r.n_group > kRouterMaxGroups) {
+    why << "drops groups only among n_group <= " << kRouterMaxGroups << ", got " << r.n_group;
   } else if (!p.vec16_ok) {
     const int vec = vec16_elements(row.weight_dtype);
     why << "needs K % " << vec << " == 0, row strides % " << vec
@@ -74,11 +72,9 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p, int6
   return why.str();
 }
 
-const RouterRow* choose_router(const RouterProblem& p, int64_t top_k, int64_t n_group,
-                               int64_t topk_group) {
+const RouterRow* choose_router(const RouterProblem& p, const RoutingParams& r) {
   for (const RouterRow& row : kRouterRows) {
-    if (row.automatic && row.m_lo <= p.M && row.n_min <= p.N &&
-        router_row_misfit(row, p, top_k, n_group, topk_group).empty()) {
+    if (row.m_lo <= p.M && row.n_min <= p.N && router_row_misfit(row, p, r).empty()) {
       return &row;
     }
   }
@@ -101,16 +97,11 @@ namespace {
 
 std::tuple<Tensor, Tensor, Tensor> router_reference(const char* op, const Tensor& x,
                                                     const Tensor& w, const OptionalTensor& bias,
-                                                    int64_t top_k, int64_t n_group,
-                                                    int64_t topk_group, bool renormalize,
-                                                    double routed_scaling_factor,
-                                                    const std::string& scoring,
-                                                    const OptionalTensor& gate_bias) {
-  const Scoring how = parse_scoring(op, scoring);
-  check_router_inputs(op, x, w, bias, gate_bias, top_k, n_group, topk_group, how);
+                                                    const OptionalTensor& gate_bias,
+                                                    const RoutingParams& r) {
+  check_router_inputs(op, x, w, bias, gate_bias, r);
   const Tensor logits = gemm_reference(x, w, gate_bias, kFloat);
-  auto [weights, ids] = routing_reference(logits, bias, top_k, n_group, topk_group, renormalize,
-                                          routed_scaling_factor, how);
+  auto [weights, ids] = routing_reference(logits, bias, r);
   return {weights, ids, logits};
 }
 
@@ -120,8 +111,9 @@ std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cpu(const Tensor& x, const Ten
                                                       bool renormalize,
                                                       double routed_scaling_factor,
                                                       const std::string& scoring) {
-  return router_reference(kOp, x, w, bias, top_k, n_group, topk_group, renormalize,
-                          routed_scaling_factor, scoring, std::nullopt);
+  return router_reference(kOp, x, w, bias, std::nullopt,
+                          routing_params(kOp, top_k, n_group, topk_group, renormalize,
+                                         routed_scaling_factor, scoring));
 }
 
 std::tuple<Tensor, Tensor, Tensor> router_cpu(const Tensor& x, const Tensor& w,
@@ -130,17 +122,21 @@ std::tuple<Tensor, Tensor, Tensor> router_cpu(const Tensor& x, const Tensor& w,
                                               bool renormalize, double routed_scaling_factor,
                                               const std::string& scoring,
                                               const OptionalTensor& gate_bias) {
-  return router_reference("router", x, w, bias, top_k, n_group, topk_group, renormalize,
-                          routed_scaling_factor, scoring, gate_bias);
+  const char* op = "router";
+  return router_reference(op, x, w, bias, gate_bias,
+                          routing_params(op, top_k, n_group, topk_group, renormalize,
+                                         routed_scaling_factor, scoring));
 }
 
 std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cpu(
     const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k, int64_t n_group,
     int64_t topk_group, bool renormalize, double routed_scaling_factor,
     const std::string& variant, const std::string& scoring) {
+  const char* op = "ll_bf16_router_with_variant";
   router_row_by_name(variant);
-  return router_reference("ll_bf16_router_with_variant", x, w, bias, top_k, n_group, topk_group,
-                          renormalize, routed_scaling_factor, scoring, std::nullopt);
+  return router_reference(op, x, w, bias, std::nullopt,
+                          routing_params(op, top_k, n_group, topk_group, renormalize,
+                                         routed_scaling_factor, scoring));
 }
 
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
@@ -151,20 +147,19 @@ std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_
                    "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
                    " N=", N, " K=", K);
   // A problem the op rejects gets the op's error.
-  check_routing_args(kOp, N, std::nullopt, "router_weight", std::nullopt, top_k, n_group,
-                     topk_group, parse_scoring(kOp, scoring));
+  const RoutingParams r = routing_params(kOp, top_k, n_group, topk_group, true, 1.0, scoring);
+  check_routing_args(kOp, N, std::nullopt, "router_weight", std::nullopt, r);
   KIMI_CHECK((weight_dtype == kFloat || weight_dtype == kBFloat16) &&
                  (x_dtype == kFloat || x_dtype == kBFloat16),
              "ll_bf16_router_variant: weight_dtype and x_dtype must be torch.bfloat16 or "
              "torch.float32, got ", dtype_name(weight_dtype), " and ", dtype_name(x_dtype));
   const RouterProblem problem{M, N, K, x_dtype, weight_dtype, sm,
                               aligned && K % vec16_elements(weight_dtype) == 0};
-  const RouterRow* row = M == 0 ? nullptr : choose_router(problem, top_k, n_group, topk_group);
+  const RouterRow* row = M == 0 ? nullptr : choose_router(problem, r);
   if (row != nullptr) {
     return row->name;
   }
-  return M > 0 && routing_kernel_fits(N, top_k, n_group, topk_group, sm) ? "gemm+moe_routing"
-                                                                          : "reference";
+  return M > 0 && routing_kernel_fits(N, r, sm) ? "gemm+moe_routing" : "reference";
 }
 
 }  // namespace

@@ -3,9 +3,9 @@
 #include <string>
 #include <tuple>
 
+#include "kimi_tables.h"
 #include "moe_routing.h"
 #include "torch_stable.h"
-#include "variant_row.h"
 
 namespace kimi {
 
@@ -13,7 +13,7 @@ namespace kimi {
 // (bf16 only, no gate bias) where op is "ll_bf16_router", router's otherwise.
 void check_router_inputs(const char* op, const Tensor& x, const Tensor& w,
                          const OptionalTensor& bias, const OptionalTensor& gate_bias,
-                         int64_t top_k, int64_t n_group, int64_t topk_group, Scoring scoring);
+                         const RoutingParams& r);
 
 // What the choice of a fused router row depends on besides the routing arguments.
 struct RouterProblem {
@@ -25,12 +25,11 @@ struct RouterProblem {
 
 // The fused router row for a problem, or nullptr (the GEMM op's kernel, then the routing
 // op's).
-const RouterRow* choose_router(const RouterProblem& p, int64_t top_k, int64_t n_group,
-                               int64_t topk_group);
+const RouterRow* choose_router(const RouterProblem& p, const RoutingParams& r);
 
 // Why `row` cannot run a problem ("" if it can).
-std::string router_row_misfit(const RouterRow& row, const RouterProblem& p, int64_t top_k,
-                              int64_t n_group, int64_t topk_group);
+std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
+                              const RoutingParams& r);
 
 // The router table row called `name`; an error listing the valid names if there is none.
 const RouterRow& router_row_by_name(const std::string& name);

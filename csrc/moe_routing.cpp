@@ -16,20 +16,44 @@
 
 #include <limits>
 
-#include "kimi_variant_table.h"
+#include <sstream>
+
 #include "moe_routing.h"
 
 namespace kimi {
 
-Scoring parse_scoring(const char* op, const std::string& scoring) {
-  KIMI_CHECK(scoring == "sigmoid" || scoring == "softmax", op,
-             ": scoring must be 'sigmoid' or 'softmax', got '", scoring, "'");
-  return scoring == "softmax" ? Scoring::kSoftmax : Scoring::kSigmoid;
+RoutingScalars RoutingParams::kernel_scalars(bool has_bias) const {
+  RoutingScalars s{};
+  s.top_k = int32_t(top_k);
+  s.n_group = int32_t(n_group);
+  s.topk_group = int32_t(topk_group);
+  s.renormalize = renormalize ? 1 : 0;
+  s.has_bias = has_bias ? 1 : 0;
+  s.scoring = static_cast<int32_t>(scoring);
+  s.scaling = static_cast<float>(routed_scaling_factor);
+  return s;
+}
+
+RoutingParams routing_params(const char* op, int64_t top_k, int64_t n_group, int64_t topk_group,
+                             bool renormalize, double routed_scaling_factor,
+                             const std::string& scoring) {
+  constexpr int kCount = sizeof(kScoringNames) / sizeof(kScoringNames[0]);
+  std::ostringstream names;
+  for (int i = 0; i < kCount; ++i) {
+    if (scoring == kScoringNames[i]) {
+      return {top_k, n_group, topk_group, renormalize, routed_scaling_factor, Scoring(i)};
+    }
+    names << (i == 0 ? "" : i + 1 == kCount ? " or " : ", ") << "'" << kScoringNames[i] << "'";
+  }
+  throw std::runtime_error(
+      message(op, ": scoring must be ", names.str(), ", got '", scoring, "'"));
 }
 
 void check_routing_args(const char* op, int64_t N, const std::optional<Device>& device,
-                        const char* device_of, const OptionalTensor& bias, int64_t top_k,
-                        int64_t n_group, int64_t topk_group, Scoring scoring) {
+                        const char* device_of, const OptionalTensor& bias,
+                        const RoutingParams& r) {
+  const int64_t top_k = r.top_k, n_group = r.n_group, topk_group = r.topk_group;
+  const Scoring scoring = r.scoring;
   KIMI_CHECK(n_group >= 1 && N % n_group == 0, op,
                    ": n_group must divide the number of experts, got n_group=", n_group,
                    " and N=", N);
@@ -55,19 +79,18 @@ void check_routing_args(const char* op, int64_t N, const std::optional<Device>& 
   }
 }
 
-bool routing_kernel_fits(int64_t N, int64_t top_k, int64_t n_group, int64_t topk_group,
-                         int64_t sm) {
+bool routing_kernel_fits(int64_t N, const RoutingParams& r, int64_t sm) {
   // The picked ids are spread over the lanes of a warp, and so are the group scores.
-  return (sm == 90 || sm == 100) && N <= kRouterMaxN && top_k <= kRouterMaxTopK &&
-         (topk_group == n_group || n_group <= kRouterMaxGroups);
+  return (sm == 90 || sm == 100) && N <= kRouterMaxN && r.top_k <= kRouterMaxTopK &&
+         (r.topk_group == r.n_group || r.n_group <= kRouterMaxGroups);
 }
 
 namespace {
 constexpr const char* kOp = "moe_routing";
 }  // namespace
 
-void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias, int64_t top_k,
-                              int64_t n_group, int64_t topk_group, Scoring scoring) {
+void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias,
+                              const RoutingParams& r) {
   KIMI_CHECK(logits.scalar_type() == kFloat || logits.scalar_type() == kBFloat16, kOp,
                    ": logits must be torch.float32 or torch.bfloat16, got ",
                    dtype_name(logits.scalar_type()));
@@ -75,18 +98,16 @@ void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias, 
                    logits.sizes());
   KIMI_CHECK(logits.size(1) >= 1, kOp, ": logits must have N >= 1 experts, got shape ",
                    logits.sizes());
-  check_routing_args(kOp, logits.size(1), logits.device(), "logits", bias, top_k, n_group,
-                     topk_group, scoring);
+  check_routing_args(kOp, logits.size(1), logits.device(), "logits", bias, r);
 }
 
 std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits_in, const OptionalTensor& bias,
-                                             int64_t top_k, int64_t n_group, int64_t topk_group,
-                                             bool renormalize, double routed_scaling_factor,
-                                             Scoring scoring) {
+                                             const RoutingParams& r) {
   const NoGradGuard no_grad;
+  const int64_t top_k = r.top_k, n_group = r.n_group, topk_group = r.topk_group;
   const Tensor logits = torch::stable::to(logits_in, kFloat);
   const int64_t M = logits.size(0), N = logits.size(1);
-  const bool softmax = scoring == Scoring::kSoftmax;
+  const bool softmax = r.scoring == Scoring::kSoftmax;
   const Tensor scores = softmax ? aten::softmax_last(logits) : aten::sigmoid(logits);
   Tensor choice = bias.has_value() ? aten::add(scores, torch::stable::to(*bias, kFloat)) : scores;
   if (topk_group < n_group) {
@@ -101,10 +122,10 @@ std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits_in, const Opti
   }
   const Tensor ids = aten::top_indices(choice, top_k);
   Tensor weights = aten::gather_last(scores, ids);
-  if (renormalize) {
+  if (r.renormalize) {
     weights = aten::div(weights, aten::add(aten::sum_last(weights), aten::scalar(1e-20)));
   }
-  return {aten::mul(weights, aten::scalar(routed_scaling_factor)), torch::stable::to(ids, kInt)};
+  return {aten::mul(weights, aten::scalar(r.routed_scaling_factor)), torch::stable::to(ids, kInt)};
 }
 
 namespace {
@@ -113,10 +134,10 @@ std::tuple<Tensor, Tensor> moe_routing_cpu(const Tensor& logits, const OptionalT
                                            int64_t top_k, int64_t n_group, int64_t topk_group,
                                            bool renormalize, double routed_scaling_factor,
                                            const std::string& scoring) {
-  const Scoring how = parse_scoring(kOp, scoring);
-  check_moe_routing_inputs(logits, bias, top_k, n_group, topk_group, how);
-  return routing_reference(logits, bias, top_k, n_group, topk_group, renormalize,
-                           routed_scaling_factor, how);
+  const RoutingParams r =
+      routing_params(kOp, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring);
+  check_moe_routing_inputs(logits, bias, r);
+  return routing_reference(logits, bias, r);
 }
 
 }  // namespace

@@ -8,31 +8,35 @@
 Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
 """
 
+import os
 from pathlib import Path
 
 import torch
 
-# _C is a plain shared library on torch's stable ABI (not a Python module): loading it runs
-# the registrations of the ops' schemas and kernels.
-torch.ops.load_library(Path(__file__).with_name("_C.abi3.so"))
+# The build (setup.py: python -m kimi_router_ops.aot) reads the kernel tables from this
+# package before _C exists; it says so with KIMI_ROUTER_OPS_BUILD=1.
+if os.environ.get("KIMI_ROUTER_OPS_BUILD") != "1":
+    # _C is a plain shared library on torch's stable ABI (not a Python module): loading it
+    # runs the registrations of the ops' schemas and kernels.
+    torch.ops.load_library(Path(__file__).with_name("_C.abi3.so"))
 
-from . import ops  # noqa: E402  (fake kernels, the derivative)
-from .ops import (
-    attn_res,
-    chosen_router_variant,
-    chosen_variant,
-    compiled_kernels,
-    fused_add_rms_norm,
-    ll_bf16_gemm,
-    ll_bf16_gemm_with_variant,
-    ll_bf16_router,
-    ll_bf16_router_with_variant,
-    moe_routing,
-    rms_norm,
-    router,
-    router_gemm,
-)
-from .router_linear import RouterLinear
+    from . import ops  # noqa: F401  (fake kernels, the derivative)
+    from .ops import (
+        attn_res,
+        chosen_router_variant,
+        chosen_variant,
+        compiled_kernels,
+        fused_add_rms_norm,
+        ll_bf16_gemm,
+        ll_bf16_gemm_with_variant,
+        ll_bf16_router,
+        ll_bf16_router_with_variant,
+        moe_routing,
+        rms_norm,
+        router,
+        router_gemm,
+    )
+    from .router_linear import RouterLinear
 
 __all__ = [
     "RouterLinear",

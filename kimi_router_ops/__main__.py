@@ -37,7 +37,7 @@ def main():
     torch.manual_seed(0)
 
     if device.type == "cuda":
-        from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
+        from kimi_router_ops.bench.timing import graph_time_us, l2_bytes, weight_copies
 
         major, minor = torch.cuda.get_device_capability(device)
         sm = major * 10 + minor

@@ -1,18 +1,19 @@
 """The kernel tables: the one place that says which kernels exist and which runs where.
 
-VARIANTS (GEMM kernels), ROUTER_VARIANTS (fused routers), ROUTING_KERNELS (the routing op)
-and NORM_KERNELS: the ahead-of-time build (aot.py) compiles every row for each vector
-width, output or bias dtype and GPU architecture below. CHOICES says which GEMM kernel the
-dispatch runs for an M, N and K (first match); the rows and the choices go into a generated
-C++ header that the CUDA dispatch (csrc/) includes, and the tests read them from here. This
-module imports nothing but the standard library, so setup.py can read it before anything
-is built.
+VARIANTS (the GEMM kernels the dispatch runs) and LAB_VARIANTS (experiments, run by name),
+ROUTER_VARIANTS (fused routers), ROUTING_KERNELS (the routing op), NORM_KERNELS and
+ATTN_RES_KERNEL: the ahead-of-time build (kimi_router_ops.aot, one family record each)
+compiles every row for each vector width, dtype and GPU architecture. CHOICES says which
+GEMM kernel the dispatch runs for an M, N and K (first match); the rows and the choices go
+into a generated C++ header that the CUDA dispatch (csrc/) includes, and the tests read them
+from here. Standard library only: the build reads it before anything is built.
 
 A new kernel is one row here; a new choice is one line of CHOICES, with the benchmark that
 justifies it (`python -m kimi_router_ops.bench --sweep`, docs/benchmarks.md).
 """
 
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import NamedTuple, Union
 
 INT32_MAX = 2**31 - 1
@@ -33,16 +34,15 @@ def _check_trigger(row):
 @dataclass(frozen=True)
 class Dotprod:
     """CUDA-core dot product (kernels/ll_bf16_dotprod.py): one CTA per `rows_per_cta`
-    experts, all of K, `unroll` vectors per thread in flight; bf16 or fp32 weights."""
+    experts and `tokens` tokens, all of K, `unroll` vectors per thread in flight; bf16 or
+    fp32 weights."""
 
+    tokens: int
     rows_per_cta: int
     unroll: int
     threads: int = 128
-    # Weight loads per thread before the PDL wait in a prefetch variant; 0: the whole
-    # first step (rows_per_cta * unroll).
-    prefetch_window: int = 0
     weight_dtype: str = "bfloat16"
-    # More tokens than the bucket take more CTAs along the grid's y (any M).
+    # More tokens than `tokens` take more CTAs along the grid's y (any M); otherwise M <= tokens.
     token_tiles: bool = False
 
     @property
@@ -53,7 +53,7 @@ class Dotprod:
 
     def prefetch_loads(self) -> int:
         """Global loads per thread before the PDL wait in a prefetch variant."""
-        return self.prefetch_window or self.rows_per_cta * self.unroll
+        return self.rows_per_cta * self.unroll
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class Mma:
     pass_tokens: int = 0  # tokens loaded at once, in passes over the same weights (0: all)
     vecs = (8,)  # 16-byte loads only: K % 8 == 0 and 16-byte aligned rows
     weight_dtype = "bfloat16"
+    token_tiles = True  # grid z
 
     def prefetch_loads(self) -> int:
         return 2 * self.tiles * self.unroll
@@ -77,83 +78,69 @@ class Mma:
 
 @dataclass(frozen=True)
 class Variant:
+    """One GEMM kernel: its family's compile-time parameters and how it meets the kernel
+    before it (PDL)."""
+
     name: str
-    m_lo: int  # the M it is built for (the benchmarks' range for it) ...
-    m_hi: int  # ... a dot product's m_hi is also its token bucket
     kernel: Union[Dotprod, Mma]
-    prefetch: bool  # load the first weight step before the PDL grid-dependency wait
-    pdl: bool  # launched with programmatic dependent launch
+    prefetch: bool = True  # load the first weight step before the PDL grid-dependency wait
+    pdl: bool = True  # launched with programmatic dependent launch
     trigger: str = "after_x"  # one of TRIGGERS
 
     def __post_init__(self):
         _check_trigger(self)
 
     @property
+    def tokens(self) -> int:
+        """Tokens one CTA computes."""
+        return self.kernel.tokens
+
+    @property
     def max_m(self) -> int:
-        """The largest M the kernel computes: a dot product's bucket; the tensor-core kernels
-        take any M (grid z: 65535 CTAs of `tokens`)."""
-        if isinstance(self.kernel, Mma):
-            return 65535 * self.kernel.tokens
-        return 65535 * self.m_hi if self.kernel.token_tiles else self.m_hi
+        """The largest M the kernel computes: 65535 CTAs of `tokens` along the grid where it
+        tiles tokens, one CTA's otherwise."""
+        return 65535 * self.tokens if self.kernel.token_tiles else self.tokens
 
     @property
     def x_dtypes(self) -> tuple:
         """hidden_states dtypes it is compiled for: fp32 weights take bf16 or fp32 tokens."""
         return ("bfloat16",) if self.kernel.weight_dtype == "bfloat16" else ("bfloat16", "float32")
 
-    @property
-    def automatic(self) -> bool:
-        """Chosen by the dispatch for some problem (CHOICES); otherwise run only by name."""
-        return any(c.variant == self.name for c in CHOICES)
+
+def _mma(name, tokens, tiles, cluster_k, warps, unroll, pass_tokens=0, **launch):
+    return Variant(name, Mma(tiles, cluster_k, warps, unroll, tokens, pass_tokens), **launch)
 
 
-def _mma(name, m_lo, m_hi, tiles, cluster_k, warps, unroll, prefetch=True, trigger="after_x", tokens=None,
-         pass_tokens=0):
-    """A tensor-core row; `tokens` (tokens per CTA) defaults to m_hi."""
-    return Variant(name, m_lo, m_hi, Mma(tiles, cluster_k, warps, unroll, tokens or m_hi, pass_tokens),
-                   prefetch=prefetch, pdl=True, trigger=trigger)
+def _dotprod(name, tokens, rows, unroll, threads=128, **launch):
+    return Variant(name, Dotprod(tokens, rows, unroll, threads), **launch)
 
 
-def _dotprod(name, m_lo, m_hi, rows, unroll, threads=128, prefetch=True, pdl=True, window=0, trigger="after_x"):
-    return Variant(name, m_lo, m_hi, Dotprod(rows, unroll, threads, window), prefetch=prefetch, pdl=pdl,
-                   trigger=trigger)
+def _f32w(name, tokens, rows, unroll, threads, tiles=False):
+    """An fp32-weight dot product."""
+    return Variant(name, Dotprod(tokens, rows, unroll, threads, weight_dtype="float32", token_tiles=tiles))
 
 
-def _f32w(name, m_hi, rows, unroll, threads, tiles=False):
-    """An fp32-weight dot product: bucket m_hi (tokens a CTA with token tiles)."""
-    return Variant(name, 1, m_hi, Dotprod(rows, unroll, threads, weight_dtype="float32", token_tiles=tiles),
-                   prefetch=True, pdl=True)
-
-
-# Every compiled GEMM kernel. CHOICES below says which runs where; the rest run only when
-# named (benchmarks, tests, the fused router). Why each knob is set as it is:
-# docs/kernel-notes.md.
+# The GEMM kernels the dispatch runs (CHOICES) and the fused routers build on (ROUTER_GEMMS).
+# Why each knob is set as it is: docs/kernel-notes.md.
 VARIANTS = (
-    _dotprod("m1_prefetch_r4_t256", 1, 1, rows=4, unroll=4, threads=256),  # M = 1
-    _mma("mma8_t2c4w8u7", 2, 8, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 2..8: 7 chunks a warp at K = 7168
-    _mma("mma16_t2c4w8u7", 9, 16, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 9..16
-    _mma("mma16_t2c4w8u7_before_wait", 9, 16, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
-    _mma("mma8_t2c4w8u8", 2, 8, tiles=2, cluster_k=4, warps=8, unroll=8),  # K up to 8192 in one step
-    _mma("mma16_t1c8w8u4", 9, 16, tiles=1, cluster_k=8, warps=8, unroll=4),  # the same for 16 tokens
+    _dotprod("m1_prefetch_r4_t256", 1, rows=4, unroll=4, threads=256),  # M = 1
+    _mma("mma8_t2c4w8u7", 8, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 2..8: 7 chunks a warp at K = 7168
+    _mma("mma16_t2c4w8u7", 16, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 9..16
+    _mma("mma16_t2c4w8u7_before_wait", 16, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
+    _mma("mma8_t2c4w8u8", 8, tiles=2, cluster_k=4, warps=8, unroll=8),  # K up to 8192 in one step
+    _mma("mma16_t1c8w8u4", 16, tiles=1, cluster_k=8, warps=8, unroll=4),  # the same for 16 tokens
     # 32 tokens a CTA in two passes of 16 over the weights in its registers (M = 17..96).
-    _mma("mma32p16_t2c4w8u7_before_wait", 17, 96, tiles=2, cluster_k=4, warps=8, unroll=7, tokens=32,
-         pass_tokens=16, trigger="before_wait"),
+    _mma("mma32p16_t2c4w8u7_before_wait", 32, tiles=2, cluster_k=4, warps=8, unroll=7, pass_tokens=16,
+         trigger="before_wait"),
     # Scalar loads (any K, any alignment); also N > 896 at small K, where the tensor-core
     # grid (32 clusters) does not fit at once.
-    _dotprod("m2", 2, 2, rows=2, unroll=4, prefetch=False),
-    _dotprod("m4", 3, 4, rows=2, unroll=4, prefetch=False),
-    _dotprod("m8", 5, 8, rows=4, unroll=2, prefetch=False),
+    _dotprod("m2", 2, rows=2, unroll=4, prefetch=False),
+    _dotprod("m4", 4, rows=2, unroll=4, prefetch=False),
+    _dotprod("m8", 8, rows=4, unroll=2, prefetch=False),
     # The fused router's GEMMs (ROUTER_GEMMS) where the GEMM op runs another kernel.
-    _dotprod("m2_prefetch_r4_t256", 2, 2, rows=4, unroll=4, threads=256),
-    _mma("mma8_t1c4w8u7", 1, 8, tiles=1, cluster_k=4, warps=8, unroll=7),  # also the GEMM op's for N <= 128
-    _mma("mma16_t1c4w8u7", 1, 16, tiles=1, cluster_k=4, warps=8, unroll=7),
-    # What the prefetch, PDL and trigger point are worth (tests, bench_chain).
-    _dotprod("m1_r4_t256", 1, 1, rows=4, unroll=4, threads=256, prefetch=False),
-    _dotprod("m1_r4_t256_nopdl", 1, 1, rows=4, unroll=4, threads=256, prefetch=False, pdl=False),
-    _dotprod("m1_prefetch_r4_t256_before_wait", 1, 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
-    *(_dotprod(f"m1_prefetch_r4_t256_w{w}", 1, 1, rows=4, unroll=4, threads=256, window=w) for w in (1, 2, 4, 8)),
-    _mma("mma8_t2c4w8u7_noprefetch", 1, 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
-    _mma("mma8_t2c4w8u7_before_wait", 2, 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
+    _dotprod("m2_prefetch_r4_t256", 2, rows=4, unroll=4, threads=256),
+    _mma("mma8_t1c4w8u7", 8, tiles=1, cluster_k=4, warps=8, unroll=7),  # also the GEMM op's for N <= 128
+    _mma("mma16_t1c4w8u7", 16, tiles=1, cluster_k=4, warps=8, unroll=7),
     # fp32 weights (gates kept in fp32): 16-byte loads of 4 weights, fp32 FMAs. Two experts a
     # CTA up to K = 4096 (the step's 1024 vectors fit K), one above it (twice the CTAs).
     _f32w("f32w_m1_r2_u4_t256", 1, rows=2, unroll=4, threads=256),
@@ -163,6 +150,19 @@ VARIANTS = (
     _f32w("f32w_m8_r2_u2_t256", 8, rows=2, unroll=2, threads=256, tiles=True),
     _f32w("f32w_m16_r2_u2_t128", 16, rows=2, unroll=2, threads=128, tiles=True),
 )
+
+# Experiments, run only when named: what the prefetch, PDL and the trigger point are worth.
+# The benchmarks (bench/chain.py) and tests (test_cuda.py) compare each to its product twin.
+LAB_VARIANTS = (
+    _dotprod("m1_r4_t256", 1, rows=4, unroll=4, threads=256, prefetch=False),  # no weights before the wait
+    _dotprod("m1_r4_t256_nopdl", 1, rows=4, unroll=4, threads=256, prefetch=False, pdl=False),  # no PDL
+    _dotprod("m1_prefetch_r4_t256_before_wait", 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
+    _mma("mma8_t2c4w8u7_noprefetch", 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
+    _mma("mma8_t2c4w8u7_before_wait", 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
+)
+
+# Every compiled GEMM kernel (the C++ table's rows, in this order).
+ALL_VARIANTS = VARIANTS + LAB_VARIANTS
 
 
 class Choice(NamedTuple):
@@ -232,7 +232,6 @@ class RouterVariant:
     m_hi: int
     n_min: int
     n_max: int
-    automatic: bool = True  # False: run only when asked for by name
     # Alone on its SM: enough shared memory that no other CTA, of this kernel or of the next
     # one launched early by PDL, shares an SM with a routing CTA (whose polls would queue
     # behind that CTA's weight loads). Free where the grid fits in one CTA per SM.
@@ -303,17 +302,14 @@ ROUTER_GEMMS = (
     RouterGemm("f32w_m4_r2_u4_t256", 2, 4, (N384,), False, "before_wait", True),
     RouterGemm("f32w_m8_r2_u2_t256", 5, 16, (N384,), False, "before_wait", True),
 )
-# Named only: candidates while they are measured.
-ROUTER_ALTERNATIVES = ()
 
 
-def _router_rows(table, automatic):
+def _router_rows(table):
     """Rows named router_<gemm>_n<n_max>, with _m<lo>_<hi> after the GEMM row where
     ROUTER_GEMMS splits one GEMM row and N range by M."""
     return tuple(
         RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}", row.gemm, row.m_lo, row.m_hi,
-                      n_min, n_max,
-                      automatic=automatic, exclusive=row.exclusive, trigger=row.trigger,
+                      n_min, n_max, exclusive=row.exclusive, trigger=row.trigger,
                       bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher)
         for row in table
         for n_min, n_max in row.n_ranges
@@ -325,7 +321,7 @@ def _m_range(row, n_max):
     return f"_m{row.m_lo}_{row.m_hi}" if split else ""
 
 
-ROUTER_VARIANTS = _router_rows(ROUTER_GEMMS, True) + _router_rows(ROUTER_ALTERNATIVES, False)
+ROUTER_VARIANTS = _router_rows(ROUTER_GEMMS)
 
 
 @dataclass(frozen=True)
@@ -364,47 +360,26 @@ class AttnResKernel:
 ATTN_RES_KERNEL = AttnResKernel()
 
 
-def attn_res_kernel_symbol(arch: str) -> str:
-    """e.g. kimi_attn_res_sm_90a."""
-    return f"kimi_attn_res_{arch}"
-
-
 # The router's top_k ids are spread over the lanes of a warp, its group scores too.
 ROUTER_MAX_TOP_K = 32
 ROUTER_MAX_GROUPS = 32
 
-OUT_DTYPES = ("float32", "bfloat16")
-BIAS_DTYPES = ("float32", "bfloat16")  # e_score_correction_bias, fp32 or the model's bf16
-# (CuTe DSL target, compute capability major*10+minor it serves)
-ARCHS = (("sm_90a", 90), ("sm_100a", 100))
-MAX_M = max(c.m_hi for c in CHOICES if c.variant != "cublas")  # the largest M a kernel is chosen for
+
+class Scoring(IntEnum):
+    """How logits become routing scores: the ops' `scoring` argument (the member's name in
+    lower case) and the kernels' `scoring` value. A new member needs its formula in the
+    routing kernel (kernels/routing.py) and in the reference (csrc/moe_routing.cpp)."""
+
+    SIGMOID = 0
+    SOFTMAX = 1
 
 
-_SHORT = {"float32": "f32", "bfloat16": "bf16"}
-# C++ names of the dtypes (c10::ScalarType).
-SCALAR_TYPES = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarType::BFloat16"}
-
-
-def kernel_symbol(variant: Variant, vec: int, x_dtype: str, out_dtype: str, arch: str) -> str:
-    """C symbol prefix of one compiled kernel, e.g. kimi_m1_prefetch_v8_f32_sm_90a (f32: the
-    output dtype), with _x<dtype> where the row takes more than bf16 hidden_states."""
-    x = f"_x{_SHORT[x_dtype]}" if len(variant.x_dtypes) > 1 else ""
-    return f"kimi_{variant.name}_v{vec}{x}_{_SHORT[out_dtype]}_{arch}"
-
-
-def variant(name: str) -> Variant:
-    return next(v for v in VARIANTS if v.name == name)
-
-
-def router_kernel_symbol(router: RouterVariant, bias_dtype: str, arch: str) -> str:
-    """e.g. kimi_router_m1_prefetch_r4_t256_f32_sm_90a (f32: the bias dtype)."""
-    short = {"float32": "f32", "bfloat16": "bf16"}[bias_dtype]
-    return f"kimi_{router.name}_{short}_{arch}"
-
-
-def compiled_router_kernels():
-    """Every (router variant, bias dtype, arch, sm) the build compiles, in table order."""
-    return [(r, dt, arch, sm) for arch, sm in ARCHS for r in ROUTER_VARIANTS for dt in BIAS_DTYPES]
+# The routing arguments every routing kernel takes after its tensors, in order: one C struct
+# (RoutingScalars) carries them to the fused router and the routing op's kernels.
+ROUTING_SCALARS = (
+    ("top_k", "int32"), ("n_group", "int32"), ("topk_group", "int32"), ("renormalize", "int32"),
+    ("has_bias", "int32"), ("scoring", "int32"), ("scaling", "float32"),
+)
 
 
 @dataclass(frozen=True)
@@ -419,95 +394,18 @@ class RoutingKernel:
     bias_dtype: str
 
 
+OUT_DTYPES = ("float32", "bfloat16")
+BIAS_DTYPES = ("float32", "bfloat16")  # e_score_correction_bias, fp32 or the model's bf16
 ROUTING_WARPS = 4
 ROUTING_KERNELS = tuple(
     RoutingKernel(lo, hi, logits, bias) for lo, hi in ROUTER_N_RANGES for logits in OUT_DTYPES for bias in BIAS_DTYPES
 )
 
-
-def routing_kernel_symbol(kernel: RoutingKernel, arch: str) -> str:
-    """e.g. kimi_moe_routing_n256_f32_bf16_sm_90a (logits dtype, then bias dtype)."""
-    short = {"float32": "f32", "bfloat16": "bf16"}
-    return f"kimi_moe_routing_n{kernel.n_max}_{short[kernel.logits_dtype]}_{short[kernel.bias_dtype]}_{arch}"
+# (CuTe DSL target, compute capability major*10+minor it serves)
+ARCHS = (("sm_90a", 90), ("sm_100a", 100))
+MAX_M = max(c.m_hi for c in CHOICES if c.variant != "cublas")  # the largest M a kernel is chosen for
 
 
-def compiled_routing_kernels():
-    """Every (routing kernel, arch, sm) the build compiles."""
-    return [(k, arch, sm) for arch, sm in ARCHS for k in ROUTING_KERNELS]
-
-
-def norm_kernel_symbol(norm: NormKernel, arch: str) -> str:
-    """e.g. kimi_fused_add_rms_norm_v8_sm_90a."""
-    return f"kimi_{norm.op}_v{norm.vec}_{arch}"
-
-
-def compiled_norm_kernels():
-    """Every (norm kernel, arch, sm) the build compiles."""
-    return [(k, arch, sm) for arch, sm in ARCHS for k in NORM_KERNELS]
-
-
-def compiled_kernels():
-    """Every (variant, vec, x dtype, out dtype, arch, sm) the build compiles, in table order."""
-    return [
-        (v, vec, x, dt, arch, sm)
-        for arch, sm in ARCHS
-        for v in VARIANTS
-        for vec in v.kernel.vecs
-        for x in v.x_dtypes
-        for dt in OUT_DTYPES
-    ]
-
-
-def write_variant_table_header(path: str) -> None:
-    """The rows above as C++ arrays (csrc/ includes them; choices in order)."""
-    index = {v.name: i for i, v in enumerate(VARIANTS)}
-    rows = "\n".join(
-        f'    {{"{v.name}", {v.m_hi}, {v.max_m}, {str(1 in v.kernel.vecs).lower()}, {v.kernel.vecs[0]}, '
-        f"{SCALAR_TYPES[v.kernel.weight_dtype]}}},"
-        for v in VARIANTS
-    )
-    choices = "\n".join(
-        f"    {{{index.get(c.variant, -1)}, {c.m_lo}, {c.m_hi}, {c.n_min}, {c.n_max}, {c.k_min}, {c.k_max}, "
-        f"{SCALAR_TYPES[c.weight_dtype]}}},"
-        for c in CHOICES
-    )
-    router_rows = "\n".join(
-        f'    {{"{r.name}", {r.m_lo}, {r.m_hi}, {r.n_min}, {r.n_max}, {str(r.automatic).lower()}, '
-        f"{SCALAR_TYPES[r.weight_dtype]}}},"
-        for r in ROUTER_VARIANTS
-    )
-    text = (
-        "// Generated from kimi_router_ops/variants.py by setup.py. Do not edit.\n"
-        "#pragma once\n"
-        '#include "variant_row.h"\n\n'
-        "namespace kimi {\n"
-        "// inline: one array for the whole program, so row pointers compare across files.\n"
-        "inline constexpr VariantRow kVariantRows[] = {\n"
-        f"{rows}\n"
-        "};\n\n"
-        "inline constexpr ChoiceRow kChoiceRows[] = {\n"
-        f"{choices}\n"
-        "};\n\n"
-        "inline constexpr RouterRow kRouterRows[] = {\n"
-        f"{router_rows}\n"
-        "};\n"
-        f"inline constexpr int kRouterMaxTopK = {ROUTER_MAX_TOP_K};\n"
-        f"inline constexpr int kRouterMaxM = {max(r.m_hi for r in ROUTER_VARIANTS)};\n"
-        f"inline constexpr int kRouterMaxN = {max(r.n_max for r in ROUTER_VARIANTS)};\n"
-        f"inline constexpr int kRouterMaxGroups = {ROUTER_MAX_GROUPS};\n"
-        f"inline constexpr int kAttnResMaxBlocks = {ATTN_RES_KERNEL.max_blocks};\n"
-        f"inline constexpr int kAttnResMaxHidden = {ATTN_RES_KERNEL.max_hidden};\n"
-        "}  // namespace kimi\n"
-    )
-    _write_if_changed(path, text)
-
-
-def _write_if_changed(path: str, text: str) -> None:
-    try:
-        with open(path) as f:
-            if f.read() == text:
-                return
-    except FileNotFoundError:
-        pass
-    with open(path, "w") as f:
-        f.write(text)
+def variant(name: str) -> Variant:
+    """The GEMM row called `name` (product or lab)."""
+    return next(v for v in ALL_VARIANTS if v.name == name)

@@ -65,3 +65,12 @@ def random_bf16(*shape, scale=1.0, device="cpu", generator=None):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(int(os.environ.get("KIMI_TEST_SEED", "0")))
+
+
+def call_in(mode: str, op, *args):
+    """op(*args) eagerly, or with mode "compiled" under torch.compile: the fake kernels give
+    shapes only, so a bad call traces and the op raises its own message when the graph runs."""
+    if mode != "compiled":
+        return op(*args)
+    torch.compiler.reset()  # each case compiles afresh (no recompile limit across cases)
+    return torch.compile(lambda *a: op(*a), backend="eager", fullgraph=True)(*args)

@@ -3,7 +3,7 @@
 import torch
 
 import kimi_router_ops
-from kimi_router_ops import bench, bench_chain, bench_router
+from kimi_router_ops.bench import chain as bench_chain, gemm as bench, router as bench_router
 
 
 def fake_report(impls, ms=(1, 64)):

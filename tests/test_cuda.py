@@ -31,13 +31,13 @@ def test_model_shapes(model, m, out_dtype):
     check(kimi_router_ops.ll_bf16_gemm(x, w, out_dtype), x, w, out_dtype)
 
 
-@pytest.mark.parametrize("variant", [v.name for v in variants.VARIANTS] + ["cublas"])
+@pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS] + ["cublas"])
 @pytest.mark.parametrize("aligned", [True, False])
 def test_every_variant(variant, aligned):
-    row = next((v for v in variants.VARIANTS if v.name == variant), None)
-    m_hi = row.m_hi if row else 16
+    row = next((v for v in variants.ALL_VARIANTS if v.name == variant), None)
+    tokens = row.tokens if row else 16
     k = 7168 if aligned else 7167
-    for m in sorted({1, m_hi}):
+    for m in sorted({1, tokens}):
         for out_dtype in OUT_DTYPES:
             x, w = random_bf16(m, k, device="cuda"), random_bf16(300, k, device="cuda")
             if row:
@@ -49,19 +49,19 @@ def test_every_variant(variant, aligned):
             check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant, out_dtype), x, w, out_dtype)
 
 
-@pytest.mark.parametrize("variant", [v.name for v in variants.VARIANTS])
+@pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS])
 def test_every_variant_odd_shapes(variant):
     """Tails of every split: N not a multiple of the expert tile, K not a multiple of the
     32-element chunk or of the warps' and cluster's share of it, M inside the token bucket."""
-    row = next(v for v in variants.VARIANTS if v.name == variant)
+    row = next(v for v in variants.ALL_VARIANTS if v.name == variant)
     for n, k in [(1, 8), (17, 40), (33, 7176), (895, 1000)]:
-        for m in sorted({1, 3, row.m_hi} & set(range(1, row.m_hi + 1))):
+        for m in sorted({1, 3, row.tokens} & set(range(1, row.tokens + 1))):
             x, w = random_bf16(m, k, device="cuda"), random_bf16(n, k, device="cuda")
             w = w.to(getattr(torch, row.kernel.weight_dtype))
             check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant), x, w, torch.float32)
 
 
-@pytest.mark.parametrize("variant", [v.name for v in variants.VARIANTS if isinstance(v.kernel, variants.Mma)])
+@pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS if isinstance(v.kernel, variants.Mma)])
 def test_tensor_core_variants_take_any_m_in_token_tiles(variant):
     """More tokens than a CTA computes take more CTAs (grid z): each tile's rows, the
     partial last tile and every output of every tile."""
@@ -78,7 +78,7 @@ def test_tensor_core_kernels_of_one_k_split_sum_alike():
     for bit. (So a token-tiled kernel above M = 16 gives each token what the 16-token kernel
     gives it.)"""
     groups = {}
-    for v in variants.VARIANTS:
+    for v in variants.ALL_VARIANTS:
         if isinstance(v.kernel, variants.Mma):
             groups.setdefault((v.kernel.cluster_k, v.kernel.warps, v.kernel.unroll), []).append(v.name)
     compared = 0

@@ -7,6 +7,7 @@ import pytest
 
 import kimi_router_ops
 from kimi_router_ops import variants
+from kimi_router_ops.aot import compiled_kernels
 from conftest import CUDA_BUILD, MODEL_SHAPES, requires_cuda_build
 
 AOT_DIR = Path(__file__).resolve().parent.parent / "build" / "aot"
@@ -19,7 +20,7 @@ requires_aot_build = pytest.mark.skipif(
 
 
 def row(name):
-    return next(v for v in variants.VARIANTS if v.name == name)
+    return variants.variant(name)
 
 
 def choice(m, n, k):
@@ -50,7 +51,7 @@ def test_every_m_gets_the_first_choice_that_takes_it(m, n, k):
 
 
 def test_choices_name_compiled_rows_and_cover_every_m_up_to_16():
-    names = {v.name for v in variants.VARIANTS}
+    names = {v.name for v in variants.VARIANTS}  # product rows: no choice runs an experiment
     assert all(c.variant in names | {"cublas"} for c in variants.CHOICES)
     for n in (1, 64, 256, 384, 385, 896, 897, 1024, 100000):
         for k in (8, 2048, 7168, 8192, 8200):
@@ -108,37 +109,25 @@ def test_choice_does_not_depend_on_out_dtype():
         assert kimi_router_ops.chosen_variant(m, 384, 7168, torch.bfloat16) == kimi_router_ops.chosen_variant(m, 384, 7168)
 
 
-def gemm_symbols():
-    return [variants.kernel_symbol(v, vec, x, dt, arch) for v, vec, x, dt, arch, _ in variants.compiled_kernels()]
-
-
-def router_symbols():
-    return [variants.router_kernel_symbol(r, dt, arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
-
-
-def routing_symbols():
-    return [variants.routing_kernel_symbol(k, arch) for k, arch, _ in variants.compiled_routing_kernels()]
-
-
-def norm_symbols():
-    return [variants.norm_kernel_symbol(k, arch) for k, arch, _ in variants.compiled_norm_kernels()]
+def symbols(family=""):
+    return [k.symbol for k in compiled_kernels(family)]
 
 
 @requires_cuda_build
 def test_every_variant_is_linked_for_every_arch():
-    attn_res = [variants.attn_res_kernel_symbol(arch) for arch, _ in variants.ARCHS]
-    assert kimi_router_ops.compiled_kernels() == (gemm_symbols() + router_symbols() + routing_symbols() + norm_symbols()
-                                                  + attn_res)
+    assert kimi_router_ops.compiled_kernels() == symbols()
     archs = {arch for arch, _ in variants.ARCHS}
     assert archs == {"sm_90a", "sm_100a"}
-    assert len(gemm_symbols()) == (sum(len(v.kernel.vecs) * len(v.x_dtypes) for v in variants.VARIANTS)
-                                   * len(variants.OUT_DTYPES) * len(archs))
-    assert len(router_symbols()) == len(variants.ROUTER_VARIANTS) * len(variants.BIAS_DTYPES) * len(archs)
-    assert len(routing_symbols()) == len(variants.ROUTER_N_RANGES) * len(variants.OUT_DTYPES) * len(variants.BIAS_DTYPES) * len(archs)
+    assert len(symbols("Gemm")) == (sum(len(v.kernel.vecs) * len(v.x_dtypes) for v in variants.ALL_VARIANTS)
+                                    * len(variants.OUT_DTYPES) * len(archs))
+    assert len(symbols("Router")) == len(variants.ROUTER_VARIANTS) * len(variants.BIAS_DTYPES) * len(archs)
+    assert len(symbols("Routing")) == (len(variants.ROUTER_N_RANGES) * len(variants.OUT_DTYPES)
+                                       * len(variants.BIAS_DTYPES) * len(archs))
+    assert len(set(symbols())) == len(symbols())
 
 
 def test_router_rows_fuse_existing_gemm_rows():
-    names = {v.name for v in variants.VARIANTS}
+    names = {v.name for v in variants.VARIANTS}  # product rows
     for r in variants.ROUTER_VARIANTS:
         assert r.gemm in names
         assert r.m_hi <= variants.variant(r.gemm).max_m  # the GEMM kernel computes M tokens
@@ -162,11 +151,7 @@ def test_at_publisher_rows_route_every_token_they_serve():
 
 @requires_aot_build
 def test_aot_objects_present():
-    pairs = [(variants.kernel_symbol(v, vec, x, dt, arch), arch) for v, vec, x, dt, arch, _ in variants.compiled_kernels()]
-    pairs += [(variants.router_kernel_symbol(r, dt, arch), arch) for r, dt, arch, _ in variants.compiled_router_kernels()]
-    pairs += [(variants.norm_kernel_symbol(k, arch), arch) for k, arch, _ in variants.compiled_norm_kernels()]
-    pairs += [(variants.attn_res_kernel_symbol(arch), arch) for arch, _ in variants.ARCHS]
-    for symbol, arch in pairs:
+    for symbol, arch in [(k.symbol, k.arch) for k in compiled_kernels()]:
         for suffix in (".o", ".h", ".ptx"):
             assert (AOT_DIR / arch / f"{symbol}{suffix}").stat().st_size > 0, f"{arch}/{symbol}{suffix}"
     assert (AOT_DIR / "kimi_kernels.h").exists()
@@ -187,10 +172,9 @@ def global_loads_before(ptx, mark="griddepcontrol.wait"):
 @pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
 def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
     checked = 0
-    for v, vec, x, dt, a, _ in variants.compiled_kernels():
-        if a != arch:
-            continue
-        ptx = ptx_body(variants.kernel_symbol(v, vec, x, dt, arch), arch)
+    for k in compiled_kernels("Gemm", arch):
+        v, vec = k.row, k.vec
+        ptx = ptx_body(k.symbol, arch)
         if not v.pdl:
             assert "griddepcontrol" not in ptx
             continue
@@ -212,8 +196,8 @@ def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
 @requires_aot_build
 def test_ptx_prefetch_loads_read_the_weight_pointer():
     """The loads before the wait address router_weight (kernel parameter 1), never x."""
-    v = next(v for v in variants.VARIANTS if v.prefetch)
-    ptx = ptx_body(variants.kernel_symbol(v, 8, "bfloat16", "float32", "sm_90a"), "sm_90a")
+    k = next(k for k in compiled_kernels("Gemm", "sm_90a") if k.row.prefetch and k.vec == 8)
+    ptx = ptx_body(k.symbol, "sm_90a")
     head = ptx.partition("griddepcontrol.wait")[0]
     params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
     assert params, "no pointer parameters found"
@@ -234,10 +218,9 @@ def test_ptx_norm_kernels_signal_at_entry_and_read_only_their_weight_before_the_
     it reads nothing an earlier kernel writes: only one step of the norm weight (param 2).
     (Signalling after its first loads of x instead measured 0.5-0.9 us slower a pair:
     docs/kernel-notes.md.)"""
-    for norm, a, _ in variants.compiled_norm_kernels():
-        if a != arch:
-            continue
-        ptx = ptx_body(variants.norm_kernel_symbol(norm, arch), arch)
+    for k in compiled_kernels("Norm", arch):
+        norm = k.row
+        ptx = ptx_body(k.symbol, arch)
         head = ptx.partition("griddepcontrol.wait")[0]
         assert "griddepcontrol.launch_dependents" in head
         assert len(global_loads_before(ptx)) == norm.unroll
@@ -250,8 +233,7 @@ def test_ptx_norm_kernels_signal_at_entry_and_read_only_their_weight_before_the_
 
 
 def mma_kernels(arch="sm_90a"):
-    return [(v, vec, dt) for v, vec, _, dt, a, _ in variants.compiled_kernels()
-            if a == arch and isinstance(v.kernel, variants.Mma)]
+    return [(k.row, k.symbol) for k in compiled_kernels("Gemm", arch) if isinstance(k.row.kernel, variants.Mma)]
 
 
 @requires_aot_build
@@ -259,8 +241,8 @@ def test_ptx_cluster_protocol_of_the_tensor_core_kernels():
     """A peer's shared memory is written only after every CTA of the cluster has arrived at
     the entry barrier, and read back only after the barrier that releases those writes."""
     checked = 0
-    for v, vec, dt in mma_kernels():
-        ptx = ptx_body(variants.kernel_symbol(v, vec, "bfloat16", dt, "sm_90a"), "sm_90a")
+    for v, symbol in mma_kernels():
+        ptx = ptx_body(symbol, "sm_90a")
         if v.kernel.cluster_k == 1:
             assert "barrier.cluster" not in ptx and "st.shared::cluster" not in ptx
             continue
@@ -282,8 +264,8 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
     """Every load of the first step (weights and tokens) precedes the first MMA, so the
     whole step is in flight at once; launch_dependents comes after all of them, or, in the
     "before_wait" rows, after the weight loads alone ("at_entry": before any)."""
-    for v, vec, dt in mma_kernels():
-        ptx = ptx_body(variants.kernel_symbol(v, vec, "bfloat16", dt, "sm_90a"), "sm_90a")
+    for v, symbol in mma_kernels():
+        ptx = ptx_body(symbol, "sm_90a")
         weights = 2 * v.kernel.tiles * v.kernel.unroll
         tokens = ((v.kernel.pass_tokens or v.kernel.tokens) // 8) * v.kernel.unroll  # the first pass
         signal_after = {"at_entry": 0, "before_wait": weights, "after_x": weights + tokens}[v.trigger]
@@ -297,10 +279,9 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
 def test_ptx_fused_router_signals_the_next_kernel_where_its_row_says(arch):
     """launch_dependents once: at kernel entry (before any global load), after the weight
     prefetch and before the PDL wait, or after the wait and the first step's loads."""
-    for r, dt, a, _ in variants.compiled_router_kernels():
-        if a != arch:
-            continue
-        ptx = ptx_body(variants.router_kernel_symbol(r, dt, arch), arch)
+    for k in compiled_kernels("Router", arch):
+        r = k.row
+        ptx = ptx_body(k.symbol, arch)
         assert ptx.count("griddepcontrol.launch_dependents") == 1, r.name
         head = ptx.partition("griddepcontrol.launch_dependents")[0]
         gemm = variants.variant(r.gemm)
@@ -320,10 +301,9 @@ def test_ptx_fused_router_hands_off_through_the_buffer(arch):
     gpu-scope store and polled with relaxed gpu-scope loads (they bypass L1), all after the PDL wait,
     which is what makes the previous call's emptying visible; the routing (redux) reads
     polled values only. No atomics or fences: a word is its own ready flag."""
-    for r, dt, a, _ in variants.compiled_router_kernels():
-        if a != arch:
-            continue
-        ptx = ptx_body(variants.router_kernel_symbol(r, dt, arch), arch)
+    for k in compiled_kernels("Router", arch):
+        r = k.row
+        ptx = ptx_body(k.symbol, arch)
         slots = -(-r.n_max // 32)
         wait = ptx.index("griddepcontrol.wait")
         assert ptx.count("st.relaxed.gpu.global.b32") == 1, r.name
@@ -341,10 +321,9 @@ def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
     bias; rounded up to
     16 bytes) before the PDL wait with one bulk prefetch, and loads nothing but the
     weights' first step there; without it, no prefetch at all."""
-    for r, dt, a, _ in variants.compiled_router_kernels():
-        if a != arch:
-            continue
-        ptx = ptx_body(variants.router_kernel_symbol(r, dt, arch), arch)
+    for k in compiled_kernels("Router", arch):
+        r = k.row
+        ptx = ptx_body(k.symbol, arch)
         head = ptx.partition("griddepcontrol.wait")[0]
         assert ptx.count("prefetch") == head.count("cp.async.bulk.prefetch.L2.global [") == int(r.bias_prefetch)
         gemm = variants.variant(r.gemm)
@@ -362,7 +341,7 @@ def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
 def test_ptx_attn_res_signals_at_entry_and_reads_only_its_weights_before_the_wait(arch):
     """The router behind AttnRes may launch at once; before the wait AttnRes reads its three
     weight vectors alone, after it every source at once (16-byte loads)."""
-    ptx = ptx_body(variants.attn_res_kernel_symbol(arch), arch)
+    ptx = ptx_body(compiled_kernels("AttnRes", arch)[0].symbol, arch)
     assert ptx.count("griddepcontrol.launch_dependents") == 1
     assert global_loads_before(ptx, "griddepcontrol.launch_dependents") == []
     assert len(global_loads_before(ptx)) == 3

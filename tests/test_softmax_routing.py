@@ -283,7 +283,7 @@ def test_side_stream_and_bitwise_determinism(config):
         torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("device", DEVICES)
 def test_unknown_scoring_is_an_error(device):
     logits = torch.zeros(2, 16, device=device)
     with pytest.raises(RuntimeError, match="moe_routing: scoring must be 'sigmoid' or 'softmax', got 'relu'"):
@@ -293,8 +293,7 @@ def test_unknown_scoring_is_an_error(device):
         kimi_router_ops.ll_bf16_router(x.to(device), w.to(device), None, 2, scoring="Softmax")
     with pytest.raises(RuntimeError, match="scoring must be 'sigmoid' or 'softmax'"):
         kimi_router_ops.chosen_router_variant(2, 16, 64, 2, scoring="")
-    if device != "meta":  # the process (and the CUDA context) is still fine
-        check(*make_logits(3, 16, device=device), 4, 4, 2, True, 1.0, SOFTMAX)
+    check(*make_logits(3, 16, device=device), 4, 4, 2, True, 1.0, SOFTMAX)  # still fine
 
 
 def test_softmax_serves_the_same_rows_as_sigmoid():

@@ -26,14 +26,14 @@ for step in "$@"; do
     test-some) python3 -m pytest ${KIMI_TESTS:-tests} -q -rs -p no:cacheprovider >"$out/pytest.log" 2>&1 || status=1
           grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$out/pytest.log" | tail -30 ;;
     main) python3 -m kimi_router_ops || status=1 ;;
-    precisions) python3 -m kimi_router_ops.bench_precisions --out "$out" --sweep 2>&1 | tail -60 || status=1 ;;
-    precisions-candidates) python3 -m kimi_router_ops.bench_precisions --out "$out" --candidates 2>&1 | tail -80 || status=1 ;;
+    precisions) python3 -m kimi_router_ops.bench.precisions --out "$out" --sweep 2>&1 | tail -60 || status=1 ;;
+    precisions-candidates) python3 -m kimi_router_ops.bench.precisions --out "$out" --candidates 2>&1 | tail -80 || status=1 ;;
     example) { python3 examples/moe_router.py && python3 examples/moe_router.py --model kimi-k2 --tokens 4; } 2>&1 | tee "$out/example.log" || status=1 ;;
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
-    chain) python3 -m kimi_router_ops.bench_chain --out "$out" 2>&1 | tail -20 || status=1 ;;
-    router) python3 -m kimi_router_ops.bench_router --out "$out" 2>&1 | tail -20 || status=1 ;;
-    router-decode) python3 -m kimi_router_ops.bench_router --out "$out" --m 1 2 4 8 16 2>&1 | tail -40 || status=1 ;;
+    chain) python3 -m kimi_router_ops.bench.chain --out "$out" 2>&1 | tail -20 || status=1 ;;
+    router) python3 -m kimi_router_ops.bench.router --out "$out" 2>&1 | tail -20 || status=1 ;;
+    router-decode) python3 -m kimi_router_ops.bench.router --out "$out" --m 1 2 4 8 16 2>&1 | tail -40 || status=1 ;;
     example-tf) for model in deepseek-v3 qwen3-moe; do
                   python3 examples/transformers_decode.py --model $model 2>&1 | tee -a "$out/example-tf.log"
                   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

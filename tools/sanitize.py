@@ -53,12 +53,12 @@ def main():
         shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes]
     calls = 0
     worst = 0.0
-    for v in variants.VARIANTS:
+    for v in variants.ALL_VARIANTS:
         if not re.search(args.only, v.name):
             continue
         # Tensor-core rows: a second, partial token tile too (grid z).
         tiles = {v.kernel.tokens + 3} if isinstance(v.kernel, variants.Mma) else set()
-        for m in sorted({1, v.m_hi} | tiles):
+        for m in sorted({1, v.tokens} | tiles):
             for n, k in shapes:
                 if k % 8 and 1 not in v.kernel.vecs:
                     continue  # 16-byte loads only (tests/test_cuda.py checks the error)

@@ -5,22 +5,11 @@
 #include <limits>
 
 #include "kernel_support.h"
-#include "kimi_kernels.h"
-#include "kimi_variant_table.h"
 #include "../attn_res.h"
 
 namespace kimi {
 
 namespace {
-
-const CompiledAttnResKernel* find_attn_res_kernel(int sm) {
-  for (const CompiledAttnResKernel& kernel : kCompiledAttnResKernels) {
-    if (kernel.sm == sm) {
-      return &kernel;
-    }
-  }
-  return nullptr;
-}
 
 // blocks [M, R, H] as the kernel's argument; strides of size-one dimensions, never used, are
 // given their contiguous values so the alignment test is not fooled by them.
@@ -43,7 +32,8 @@ bool launch_attn_res(const Tensor& prefix, const OptionalTensor& delta, const Te
                      int64_t block_write_idx, double eps, double output_norm_eps,
                      const Tensor& out) {
   const int device = prefix.get_device_index();
-  const CompiledAttnResKernel* kernel = find_attn_res_kernel(device_sm(device));
+  const AttnResKernel* kernel =
+      find_kernel(kAttnResKernels, device_sm(device), [](const AttnResKernel&) { return true; });
   const int64_t m = prefix.size(0), h = prefix.size(1);
   // One cluster a token (grid y) and one 16-byte vector of H a thread.
   if (kernel == nullptr || h % 8 != 0 || h > kAttnResMaxHidden || num_blocks > kAttnResMaxBlocks ||
@@ -52,10 +42,20 @@ bool launch_attn_res(const Tensor& prefix, const OptionalTensor& delta, const Te
   }
   const Tensor nw = unit_stride_vector(norm_weight), qw = unit_stride_vector(qk_weight);
   const Tensor ow = output_norm_weight.has_value() ? unit_stride_vector(*output_norm_weight) : nw;
-  AttnResArgs args{matrix_arg(prefix), matrix_arg(delta.has_value() ? *delta : prefix),
-                   row_arg(nw), row_arg(qw), row_arg(ow), matrix_arg(out), blocks_arg(blocks),
-                   int32_t(num_blocks), int32_t(block_write_idx), delta.has_value(),
-                   output_norm_weight.has_value(), float(eps), float(output_norm_eps)};
+  AttnResArgs args{};
+  args.prefix = matrix_arg(prefix);
+  args.delta = matrix_arg(delta.has_value() ? *delta : prefix);
+  args.blocks = blocks_arg(blocks);
+  args.norm_weight = row_arg(nw);
+  args.qk_weight = row_arg(qw);
+  args.output_norm_weight = row_arg(ow);
+  args.out = matrix_arg(out);
+  args.num_blocks = int32_t(num_blocks);
+  args.block_write_idx = int32_t(block_write_idx);
+  args.has_delta = delta.has_value();
+  args.has_output_norm = output_norm_weight.has_value();
+  args.eps = float(eps);
+  args.output_norm_eps = float(output_norm_eps);
   for (const TensorArg* a : {&args.prefix, &args.delta, &args.norm_weight, &args.qk_weight,
                              &args.output_norm_weight, &args.out}) {
     if (!vec8_aligned(*a)) {
@@ -68,9 +68,7 @@ bool launch_attn_res(const Tensor& prefix, const OptionalTensor& delta, const Te
   if (m == 0) {
     return true;
   }
-  ensure_loaded(kCompiledAttnResKernels, device);
-  const int32_t err = kernel->launch(&args, current_stream(device));
-  check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
+  launch_kernel(kAttnResKernels, *kernel, args, device, current_stream(device));
   return true;
 }
 

@@ -7,8 +7,8 @@
 
 #include <torch/csrc/stable/accelerator.h>
 
-#include "../kernel_abi.h"
 #include "../torch_stable.h"
+#include "kimi_kernels.h"
 
 namespace kimi {
 
@@ -62,7 +62,7 @@ class RelaxedCaptureMode {
 
 // Loads one table's kernels for a device, once: the embedded cubin of each once per
 // process, then the per-device attributes. Devices load lazily, so a process touches only
-// GPUs it uses. Kernel is one of the Compiled*Kernel structs (kernel_abi.h).
+// GPUs it uses. Kernel is one of the generated <Family>Kernel structs (kimi_kernels.h).
 template <typename Kernel, size_t kCount>
 void ensure_loaded(const Kernel (&kernels)[kCount], int device) {
   static cudaLibrary_t libraries[kCount];
@@ -101,6 +101,25 @@ void ensure_loaded(const Kernel (&kernels)[kCount], int device) {
   });
 }
 
+// The kernel of `table` compiled for compute capability sm that `matches`, or nullptr.
+template <typename Kernel, size_t kCount, typename Match>
+const Kernel* find_kernel(const Kernel (&table)[kCount], int sm, Match matches) {
+  for (const Kernel& kernel : table) {
+    if (kernel.sm == sm && matches(kernel)) {
+      return &kernel;
+    }
+  }
+  return nullptr;
+}
+
+// Launches one kernel of `table` on `stream` of `device` (loading the table there first).
+template <typename Kernel, size_t kCount>
+void launch_kernel(const Kernel (&table)[kCount], const Kernel& kernel,
+                   typename Kernel::Args& args, int device, cudaStream_t stream) {
+  ensure_loaded(table, device);
+  check_cuda(static_cast<cudaError_t>(kernel.launch(&args, stream)), "launching", kernel.symbol);
+}
+
 // Sizes-one dimensions have arbitrary strides; give them the contiguous one so the
 // alignment test below is not fooled by a stride that is never used.
 inline int64_t row_stride(const Tensor& t) { return t.size(0) == 1 ? t.size(1) : t.stride(0); }
@@ -110,10 +129,13 @@ inline TensorArg matrix_arg(const Tensor& t) {
   return {t.data_ptr(), {int32_t(t.size(0)), int32_t(t.size(1))}, {row_stride(t)}};
 }
 
-// A unit-stride vector [n] as the [1, n] row an exported kernel takes.
-inline TensorArg row_arg(const Tensor& v) {
-  return {v.data_ptr(), {1, int32_t(v.size(0))}, {v.size(0)}};
+// A unit-stride vector as the [1, n] row an exported kernel takes; n defaults to its length
+// (a stand-in for an absent vector, which the kernel is told not to read, passes the N it
+// would read).
+inline TensorArg row_arg(const Tensor& v, int64_t n) {
+  return {v.data_ptr(), {1, int32_t(n)}, {n}};
 }
+inline TensorArg row_arg(const Tensor& v) { return row_arg(v, v.size(0)); }
 
 // Whether an argument allows the kernels' 16-byte loads.
 inline bool vec8_aligned(const TensorArg& a) {

@@ -2,46 +2,27 @@
 // The kernels were compiled ahead of time (kimi_router_ops/aot.py); nothing compiles here.
 
 #include "kernel_support.h"
-#include "kimi_kernels.h"
-#include "kimi_variant_table.h"
 #include "../ll_bf16_gemm.h"
 
 namespace kimi {
 
 std::vector<std::string> compiled_kernel_symbols() {
-  std::vector<std::string> symbols;
-  for (const CompiledKernel& kernel : kCompiledKernels) {
-    symbols.emplace_back(kernel.symbol);
-  }
-  for (const CompiledRouterKernel& kernel : kCompiledRouterKernels) {
-    symbols.emplace_back(kernel.symbol);
-  }
-  for (const CompiledRoutingKernel& kernel : kCompiledRoutingKernels) {
-    symbols.emplace_back(kernel.symbol);
-  }
-  for (const CompiledNormKernel& kernel : kCompiledNormKernels) {
-    symbols.emplace_back(kernel.symbol);
-  }
-  for (const CompiledAttnResKernel& kernel : kCompiledAttnResKernels) {
-    symbols.emplace_back(kernel.symbol);
-  }
-  return symbols;
+  return {std::begin(kKernelSymbols), std::end(kKernelSymbols)};
 }
 
 namespace {
 
-const CompiledKernel& find_kernel(const VariantRow& row, int vec, ScalarType x_dtype,
-                                  ScalarType out_dtype, int sm) {
+const GemmKernel& gemm_kernel(const VariantRow& row, int vec, ScalarType x_dtype,
+                              ScalarType out_dtype, int sm) {
   const int variant = static_cast<int>(&row - kVariantRows);
-  for (const CompiledKernel& kernel : kCompiledKernels) {
-    if (kernel.variant == variant && kernel.vec == vec && kernel.x_dtype == x_dtype &&
-        kernel.out_dtype == out_dtype && kernel.sm == sm) {
-      return kernel;
-    }
-  }
-  throw std::runtime_error(message("router_gemm: no compiled kernel ", row.name, " vec", vec,
-                                   " for ", dtype_name(x_dtype), " hidden_states, ",
-                                   dtype_name(out_dtype), " out, sm_", sm));
+  const GemmKernel* kernel = find_kernel(kGemmKernels, sm, [&](const GemmKernel& k) {
+    return k.variant == variant && k.vec == vec && k.x_dtype == x_dtype &&
+           k.out_dtype == out_dtype;
+  });
+  KIMI_CHECK(kernel != nullptr, "router_gemm: no compiled kernel ", row.name, " vec", vec,
+             " for ", dtype_name(x_dtype), " hidden_states, ", dtype_name(out_dtype),
+             " out, sm_", sm);
+  return *kernel;
 }
 
 Tensor cublas_mm(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
@@ -109,15 +90,17 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
     return cublas_mm(x, w, gate_bias, out_dtype);
   }
   Tensor out = empty_on(x, {M, N}, out_dtype);
-  const CompiledKernel& kernel =
-      find_kernel(*row, vec16 ? row->vec16 : 1, x.scalar_type(), out_dtype, sm);
-  ensure_loaded(kCompiledKernels, device);
+  const GemmKernel& kernel =
+      gemm_kernel(*row, vec16 ? row->vec16 : 1, x.scalar_type(), out_dtype, sm);
   // Without a gate bias the kernel runs with has_gate_bias = 0 and never reads the stand-in.
   const Tensor bias = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
-  GemmArgs args{matrix_arg(x), matrix_arg(w), TensorArg{bias.data_ptr(), {1, int32_t(N)}, {N}},
-                matrix_arg(out), gate_bias.has_value() ? 1 : 0};
-  const int32_t err = kernel.launch(&args, current_stream(device));
-  check_cuda(static_cast<cudaError_t>(err), "launching", kernel.symbol);
+  GemmArgs args{};
+  args.x = matrix_arg(x);
+  args.w = matrix_arg(w);
+  args.gate_bias = row_arg(bias, N);
+  args.out = matrix_arg(out);
+  args.has_gate_bias = gate_bias.has_value();
+  launch_kernel(kGemmKernels, kernel, args, device, current_stream(device));
   return out;
 }
 

@@ -2,8 +2,6 @@
 // router table applies, the GEMM op's kernel and then the routing op's otherwise.
 
 #include "kernel_support.h"
-#include "kimi_kernels.h"
-#include "kimi_variant_table.h"
 #include "router_handoff.h"
 #include "../ll_bf16_gemm.h"
 #include "../ll_bf16_router.h"
@@ -13,24 +11,13 @@ namespace kimi {
 
 namespace {
 
-// The routing arguments of one call.
-struct RoutingCall {
-  int64_t top_k, n_group, topk_group;
-  bool renormalize;
-  double routed_scaling_factor;
-  Scoring scoring;
-};
-
-const CompiledRouterKernel& find_router_kernel(const RouterRow& row, ScalarType bias_dtype,
-                                               int sm) {
+const RouterKernel& router_kernel(const RouterRow& row, ScalarType bias_dtype, int sm) {
   const int router = static_cast<int>(&row - kRouterRows);
-  for (const CompiledRouterKernel& kernel : kCompiledRouterKernels) {
-    if (kernel.router == router && kernel.bias_dtype == bias_dtype && kernel.sm == sm) {
-      return kernel;
-    }
-  }
-  throw std::runtime_error(
-      message("ll_bf16_router: no compiled kernel ", row.name, " for sm_", sm));
+  const RouterKernel* kernel = find_kernel(kRouterKernels, sm, [&](const RouterKernel& k) {
+    return k.router == router && k.bias_dtype == bias_dtype;
+  });
+  KIMI_CHECK(kernel != nullptr, "ll_bf16_router: no compiled kernel ", row.name, " for sm_", sm);
+  return *kernel;
 }
 
 // `forced`: the row named by ll_bf16_router_with_variant, or nullptr for the automatic choice.
@@ -39,9 +26,8 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
                                                 const Tensor& x_in, const Tensor& w_in,
                                                 const OptionalTensor& bias_in,
                                                 const OptionalTensor& gate_bias,
-                                                const RoutingCall& routing) {
-  check_router_inputs(op, x_in, w_in, bias_in, gate_bias, routing.top_k, routing.n_group,
-                      routing.topk_group, routing.scoring);
+                                                const RoutingParams& routing) {
+  check_router_inputs(op, x_in, w_in, bias_in, gate_bias, routing);
   const DeviceGuard guard(x_in.get_device_index());
   const Tensor x = unit_inner_stride(x_in);
   const Tensor w = unit_inner_stride(w_in);
@@ -52,20 +38,17 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
                               M > 0 && vec16_ok(x, w)};
   const RouterRow* row = M == 0 ? nullptr : forced;  // no rows: the two launches, empty
   if (row != nullptr) {
-    const std::string misfit =
-        router_row_misfit(*forced, problem, routing.top_k, routing.n_group, routing.topk_group);
+    const std::string misfit = router_row_misfit(*forced, problem, routing);
     KIMI_CHECK(misfit.empty(), "ll_bf16_router_with_variant: variant ", forced->name, " ",
                      misfit);
   } else if (M > 0) {
-    row = choose_router(problem, routing.top_k, routing.n_group, routing.topk_group);
+    row = choose_router(problem, routing);
   }
   if (row == nullptr) {
     // Two launches: the GEMM op's kernel, then the routing kernel (the ATen reference where
     // none fits), which waits on it through PDL.
     const Tensor logits = gemm_on_gpu(x, w, gate_bias, kFloat);
-    auto [weights, ids] = moe_routing_on_gpu(logits, bias_in, routing.top_k, routing.n_group,
-                                             routing.topk_group, routing.renormalize,
-                                             routing.routed_scaling_factor, routing.scoring);
+    auto [weights, ids] = moe_routing_on_gpu(logits, bias_in, routing);
     return {weights, ids, logits};
   }
   Tensor logits = empty_on(x, {M, N}, kFloat);
@@ -76,20 +59,20 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   // for the gate bias (w's dtype).
   const Tensor bias = bias_in.has_value() ? unit_stride_vector(*bias_in) : logits;
   const Tensor gate = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
-  const CompiledRouterKernel& kernel = find_router_kernel(*row, bias.scalar_type(), sm);
-  ensure_loaded(kCompiledRouterKernels, device);
+  const RouterKernel& kernel = router_kernel(*row, bias.scalar_type(), sm);
   const cudaStream_t stream = current_stream(device);
-  auto row_of = [N](const Tensor& v) { return TensorArg{v.data_ptr(), {1, int32_t(N)}, {N}}; };
-  RouterArgs args{
-      matrix_arg(x), matrix_arg(w), row_of(gate), row_of(bias), matrix_arg(logits),
-      matrix_arg(weights), matrix_arg(ids),
-      TensorArg{router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}},
-      int32_t(routing.top_k), int32_t(routing.n_group), int32_t(routing.topk_group),
-      routing.renormalize ? 1 : 0, bias_in.has_value() ? 1 : 0,
-      routing.scoring == Scoring::kSoftmax ? 1 : 0,
-      static_cast<float>(routing.routed_scaling_factor), gate_bias.has_value() ? 1 : 0};
-  const int32_t err = kernel.launch(&args, stream);
-  check_cuda(static_cast<cudaError_t>(err), "launching", kernel.symbol);
+  RouterArgs args{};
+  args.x = matrix_arg(x);
+  args.w = matrix_arg(w);
+  args.gate_bias = row_arg(gate, N);
+  args.bias = row_arg(bias, N);
+  args.logits = matrix_arg(logits);
+  args.weights = matrix_arg(weights);
+  args.ids = matrix_arg(ids);
+  args.handoff = {router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}};
+  args.routing = routing.kernel_scalars(bias_in.has_value());
+  args.has_gate_bias = gate_bias.has_value();
+  launch_kernel(kRouterKernels, kernel, args, device, stream);
   return {weights, ids, logits};
 }
 
@@ -101,8 +84,8 @@ std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cuda(const Tensor& x, const Te
                                                        const std::string& scoring) {
   const char* op = "ll_bf16_router";
   return route_on_gpu(op, nullptr, x, w, bias, std::nullopt,
-                      {top_k, n_group, topk_group, renormalize, routed_scaling_factor,
-                       parse_scoring(op, scoring)});
+                      routing_params(op, top_k, n_group, topk_group, renormalize,
+                                     routed_scaling_factor, scoring));
 }
 
 std::tuple<Tensor, Tensor, Tensor> router_cuda(const Tensor& x, const Tensor& w,
@@ -113,8 +96,8 @@ std::tuple<Tensor, Tensor, Tensor> router_cuda(const Tensor& x, const Tensor& w,
                                                const OptionalTensor& gate_bias) {
   const char* op = "router";
   return route_on_gpu(op, nullptr, x, w, bias, gate_bias,
-                      {top_k, n_group, topk_group, renormalize, routed_scaling_factor,
-                       parse_scoring(op, scoring)});
+                      routing_params(op, top_k, n_group, topk_group, renormalize,
+                                     routed_scaling_factor, scoring));
 }
 
 std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cuda(
@@ -123,8 +106,8 @@ std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cuda(
     const std::string& variant, const std::string& scoring) {
   const char* op = "ll_bf16_router_with_variant";
   return route_on_gpu(op, &router_row_by_name(variant), x, w, bias, std::nullopt,
-                      {top_k, n_group, topk_group, renormalize, routed_scaling_factor,
-                       parse_scoring(op, scoring)});
+                      routing_params(op, top_k, n_group, topk_group, renormalize,
+                                     routed_scaling_factor, scoring));
 }
 
 }  // namespace

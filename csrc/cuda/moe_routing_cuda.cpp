@@ -5,58 +5,41 @@
 #include <limits>
 
 #include "kernel_support.h"
-#include "kimi_kernels.h"
 #include "../moe_routing.h"
 
 namespace kimi {
 
-namespace {
-
-const CompiledRoutingKernel* find_routing_kernel(int64_t N, ScalarType logits_dtype,
-                                                 ScalarType bias_dtype, int sm) {
-  for (const CompiledRoutingKernel& kernel : kCompiledRoutingKernels) {
-    if (kernel.n_min <= N && N <= kernel.n_max && kernel.logits_dtype == logits_dtype &&
-        kernel.bias_dtype == bias_dtype && kernel.sm == sm) {
-      return &kernel;
-    }
-  }
-  return nullptr;
-}
-
-}  // namespace
-
 std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits_in, const OptionalTensor& bias_in,
-                                              int64_t top_k, int64_t n_group, int64_t topk_group,
-                                              bool renormalize, double routed_scaling_factor,
-                                              Scoring scoring) {
+                                              const RoutingParams& r) {
   const Tensor logits = unit_inner_stride(logits_in);
   const int64_t M = logits.size(0), N = logits.size(1);
   const int device = logits.get_device_index();
   const int sm = device_sm(device);
   // Without a bias the fp32 kernel runs with has_bias = 0 and never reads the stand-in.
   const ScalarType bias_dtype = bias_in.has_value() ? bias_in->scalar_type() : kFloat;
-  const CompiledRoutingKernel* kernel =
-      routing_kernel_fits(N, top_k, n_group, topk_group, sm)
-          ? find_routing_kernel(N, logits.scalar_type(), bias_dtype, sm)
-          : nullptr;
+  const RoutingKernel* kernel =
+      !routing_kernel_fits(N, r, sm)
+          ? nullptr
+          : find_kernel(kRoutingKernels, sm, [&](const RoutingKernel& k) {
+              return k.n_min <= N && N <= k.n_max && k.logits_dtype == logits.scalar_type() &&
+                     k.bias_dtype == bias_dtype;
+            });
   if (kernel == nullptr || M > std::numeric_limits<int32_t>::max()) {
-    return routing_reference(logits, bias_in, top_k, n_group, topk_group, renormalize,
-                             routed_scaling_factor, scoring);
+    return routing_reference(logits, bias_in, r);
   }
-  Tensor weights = empty_on(logits, {M, top_k}, kFloat);
-  Tensor ids = empty_on(logits, {M, top_k}, kInt);
+  Tensor weights = empty_on(logits, {M, r.top_k}, kFloat);
+  Tensor ids = empty_on(logits, {M, r.top_k}, kInt);
   if (M == 0) {
     return {weights, ids};
   }
   const Tensor bias = bias_in.has_value() ? unit_stride_vector(*bias_in) : weights;  // a stand-in
-  ensure_loaded(kCompiledRoutingKernels, device);
-  RoutingArgs args{matrix_arg(logits), TensorArg{bias.data_ptr(), {1, int32_t(N)}, {N}},
-                   matrix_arg(weights), matrix_arg(ids),
-                   int32_t(top_k), int32_t(n_group), int32_t(topk_group), renormalize ? 1 : 0,
-                   bias_in.has_value() ? 1 : 0, scoring == Scoring::kSoftmax ? 1 : 0,
-                   static_cast<float>(routed_scaling_factor)};
-  const int32_t err = kernel->launch(&args, current_stream(device));
-  check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
+  RoutingArgs args{};
+  args.logits = matrix_arg(logits);
+  args.bias = row_arg(bias, N);
+  args.weights = matrix_arg(weights);
+  args.ids = matrix_arg(ids);
+  args.routing = r.kernel_scalars(bias_in.has_value());
+  launch_kernel(kRoutingKernels, *kernel, args, device, current_stream(device));
   return {weights, ids};
 }
 
@@ -66,11 +49,11 @@ std::tuple<Tensor, Tensor> moe_routing_cuda(const Tensor& logits, const Optional
                                             int64_t top_k, int64_t n_group, int64_t topk_group,
                                             bool renormalize, double routed_scaling_factor,
                                             const std::string& scoring) {
-  const Scoring how = parse_scoring("moe_routing", scoring);
-  check_moe_routing_inputs(logits, bias, top_k, n_group, topk_group, how);
+  const RoutingParams r = routing_params("moe_routing", top_k, n_group, topk_group, renormalize,
+                                         routed_scaling_factor, scoring);
+  check_moe_routing_inputs(logits, bias, r);
   const DeviceGuard guard(logits.get_device_index());
-  return moe_routing_on_gpu(logits, bias, top_k, n_group, topk_group, renormalize,
-                            routed_scaling_factor, how);
+  return moe_routing_on_gpu(logits, bias, r);
 }
 
 }  // namespace

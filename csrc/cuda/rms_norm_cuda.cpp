@@ -4,21 +4,11 @@
 #include <limits>
 
 #include "kernel_support.h"
-#include "kimi_kernels.h"
 #include "../rms_norm.h"
 
 namespace kimi {
 
 namespace {
-
-const CompiledNormKernel* find_norm_kernel(bool add_residual, int vec, int sm) {
-  for (const CompiledNormKernel& kernel : kCompiledNormKernels) {
-    if (kernel.add_residual == add_residual && kernel.vec == vec && kernel.sm == sm) {
-      return &kernel;
-    }
-  }
-  return nullptr;
-}
 
 // Runs the kernel into out (and residual_out); false if this GPU has none.
 bool launch_norm(const Tensor& x_in, const Tensor* residual_in, const Tensor& weight_in,
@@ -30,7 +20,9 @@ bool launch_norm(const Tensor& x_in, const Tensor* residual_in, const Tensor& we
   const Tensor weight = unit_stride_vector(weight_in);
   const bool vec8 = vec8_aligned(x) && vec8_aligned(residual) && vec8_aligned(row_arg(weight)) &&
                     vec8_aligned(out) && vec8_aligned(residual_out);
-  const CompiledNormKernel* kernel = find_norm_kernel(residual_in != nullptr, vec8 ? 8 : 1, sm);
+  const NormKernel* kernel = find_kernel(kNormKernels, sm, [&](const NormKernel& k) {
+    return k.add_residual == (residual_in != nullptr) && k.vec == (vec8 ? 8 : 1);
+  });
   // One CTA per row, and int32 sizes: more rows than a grid holds go to the reference.
   if (kernel == nullptr || x.size(0) > std::numeric_limits<int32_t>::max()) {
     return false;
@@ -38,11 +30,14 @@ bool launch_norm(const Tensor& x_in, const Tensor* residual_in, const Tensor& we
   if (x.size(0) == 0) {
     return true;
   }
-  ensure_loaded(kCompiledNormKernels, device);
-  NormArgs args{matrix_arg(x), matrix_arg(residual), row_arg(weight), matrix_arg(out),
-                matrix_arg(residual_out), static_cast<float>(eps)};
-  const int32_t err = kernel->launch(&args, current_stream(device));
-  check_cuda(static_cast<cudaError_t>(err), "launching", kernel->symbol);
+  NormArgs args{};
+  args.x = matrix_arg(x);
+  args.residual = matrix_arg(residual);
+  args.weight = row_arg(weight);
+  args.out = matrix_arg(out);
+  args.residual_out = matrix_arg(residual_out);
+  args.eps = static_cast<float>(eps);
+  launch_kernel(kNormKernels, *kernel, args, device, current_stream(device));
   return true;
 }
 

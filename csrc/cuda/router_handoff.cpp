@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "kernel_support.h"
-#include "kimi_variant_table.h"
+#include "kimi_tables.h"
 
 namespace kimi {
 

@@ -14,6 +14,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
+from ..variants import Scoring
+
+SIGMOID = int(Scoring.SIGMOID)  # the kernels' `scoring` value for sigmoid scores
 # All bits set: a NaN that floating-point arithmetic never produces (a NaN result is the
 # canonical 0x7FFFFFFF), and publish() maps it to that anyway, so EMPTY means "not yet".
 EMPTY = -1
@@ -41,12 +44,12 @@ def _word(v: Float32) -> Int32:
 
 
 @cute.jit
-def score_bits(logit: Float32, softmax: Int32) -> Int32:
+def score_bits(logit: Float32, scoring: Int32) -> Int32:
     """The word published for a logit (never EMPTY): its sigmoid score, or for softmax
     routing the logit itself (a softmax needs all of a token's logits at once). The routing
     op computes its scores with this too, so that it routes as the fused router does."""
     word = Int32(0)
-    if softmax != 0:
+    if scoring != SIGMOID:
         word = _word(logit)
     else:
         word = _word(sigmoid(logit))
@@ -54,11 +57,11 @@ def score_bits(logit: Float32, softmax: Int32) -> Int32:
 
 
 @cute.jit
-def publish(handoff: cute.Tensor, m, n, logit: Float32, softmax: Int32):
+def publish(handoff: cute.Tensor, m, n, logit: Float32, scoring: Int32):
     """Publish the expert's sigmoid score, not its logit, for sigmoid routing: the GEMM's
     output threads compute it side by side, where the routing warp would compute 8-28 of
     them one after another (two MUFU ops each)."""
-    cute.arch.store(element_ptr(handoff, m, n), score_bits(logit, softmax), sem="relaxed", scope="gpu")
+    cute.arch.store(element_ptr(handoff, m, n), score_bits(logit, scoring), sem="relaxed", scope="gpu")
 
 
 @cute.jit

@@ -27,7 +27,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
-from variants import TRIGGERS  # aot.py imports kernels/ beside variants
+from ..variants import TRIGGERS
 
 from . import handoff as handoff_buffer
 
@@ -44,7 +44,6 @@ class LLBf16Dotprod:
         prefetch: bool,
         pdl: bool,
         threads: int = 128,
-        prefetch_window: int = 0,
         trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
         weight_dtype=BFloat16,
         x_dtype=BFloat16,
@@ -69,12 +68,6 @@ class LLBf16Dotprod:
         self.num_warps = threads // cute.arch.WARP_SIZE
         # CTAs an SM holds: ptxas gives every variant at most 128 registers a thread.
         self.ctas_per_sm = max(1, 65536 // (128 * threads))
-        # Weight vectors per thread requested before the PDL wait: the first `window` of the
-        # first step's rows_per_cta * unroll (0: all of them). The rest follow the wait.
-        self.first_step_loads = rows_per_cta * unroll
-        self.prefetch_window = prefetch_window or self.first_step_loads
-        if not 1 <= self.prefetch_window <= self.first_step_loads:
-            raise ValueError(f"prefetch_window must be in [1, {self.first_step_loads}], got {prefetch_window}")
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.trigger = trigger
@@ -112,13 +105,11 @@ class LLBf16Dotprod:
         cute.autovec_copy(aligned, dst)
 
     @cute.jit
-    def _load_weights(self, wv, w_regs, w_rows, kv_clamped, first=0, last=None):
-        """The step's weight loads number first..last-1 (in (u, r) order; default all)."""
-        last = self.first_step_loads if last is None else last
+    def _load_weights(self, wv, w_regs, w_rows, kv_clamped):
+        """One step's weight loads, rows_per_cta * unroll vectors a thread."""
         for u in cutlass.range_constexpr(self.unroll):
             for r in cutlass.range_constexpr(self.rows_per_cta):
-                if const_expr(first <= u * self.rows_per_cta + r < last):
-                    self._load_vec(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r])
+                self._load_vec(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r])
 
     def _step_columns(self, s, tidx, kv_count):
         """This thread's vector columns in step s, and the same clamped into [0, kv_count)."""
@@ -132,10 +123,10 @@ class LLBf16Dotprod:
 
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
-             has_gate_bias: Int32, handoff=None, softmax=None):
+             has_gate_bias: Int32, handoff=None, scoring=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
         handoff buffer, kernels/handoff.py, to publish every logit in as well, and the
-        routing's scoring: softmax != 0 publishes logits, not sigmoid scores)."""
+        routing's scoring: scoring != SIGMOID publishes logits, not sigmoid scores)."""
         max_m: cutlass.Constexpr = self.max_m
         rows: cutlass.Constexpr = self.rows_per_cta
         unroll: cutlass.Constexpr = self.unroll
@@ -174,7 +165,7 @@ class LLBf16Dotprod:
             # W does not depend on the kernel before us: issue the first step's weight loads
             # now, so they travel from HBM while we wait for hidden_states to be written.
             _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
-            self._load_weights(wv, w_regs, w_rows, first_columns, last=self.prefetch_window)
+            self._load_weights(wv, w_regs, w_rows, first_columns)
         # Let the next kernel launch: it cannot read our output before its own wait, which
         # returns only once this grid has finished and flushed, so the early signal is safe,
         # and a dependent router kernel can stream its weights while we finish.
@@ -196,8 +187,6 @@ class LLBf16Dotprod:
             if const_expr(self.prefetch):
                 if s > 0:
                     self._load_weights(wv, w_regs, w_rows, kv_clamped)
-                elif const_expr(self.prefetch_window < self.first_step_loads):
-                    self._load_weights(wv, w_regs, w_rows, kv_clamped, first=self.prefetch_window)
             else:
                 self._load_weights(wv, w_regs, w_rows, kv_clamped)
             for u in cutlass.range_constexpr(unroll):
@@ -240,4 +229,4 @@ class LLBf16Dotprod:
                     total = total + gate
                 out[m_first + m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
-                    handoff_buffer.publish(handoff, m_first + m, n_first + r, total, softmax)
+                    handoff_buffer.publish(handoff, m_first + m, n_first + r, total, scoring)

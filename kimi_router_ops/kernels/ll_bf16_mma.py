@@ -34,7 +34,7 @@ from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-from variants import TRIGGERS  # aot.py imports kernels/ beside variants
+from ..variants import TRIGGERS
 
 from . import handoff as handoff_buffer
 
@@ -185,10 +185,10 @@ class LLBf16Mma:
 
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
-             has_gate_bias: Int32, handoff=None, softmax=None):
+             has_gate_bias: Int32, handoff=None, scoring=None):
         """The whole GEMM; the fused router kernel runs it and then routes (and passes a
         handoff buffer, kernels/handoff.py, to publish every logit in as well, and the
-        routing's scoring: softmax != 0 publishes logits, not sigmoid scores)."""
+        routing's scoring: scoring != SIGMOID publishes logits, not sigmoid scores)."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks
@@ -323,7 +323,7 @@ class LLBf16Mma:
                     total = total + mailbox[pos, s_]
                 if has_gate_bias != 0:
                     total = total + gates[p]
-                self._store(out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count)
+                self._store(out, handoff, scoring, idx, total, token_first, expert_first, m_count, n_count)
 
     @cute.jit
     def _load_gate_bias(self, gate_bias, has_gate_bias, rank, tidx, expert_first, n_count):
@@ -341,10 +341,10 @@ class LLBf16Mma:
         return gates
 
     @cute.jit
-    def _store(self, out, handoff, softmax, idx, total, token_first, expert_first, m_count, n_count):
+    def _store(self, out, handoff, scoring, idx, total, token_first, expert_first, m_count, n_count):
         token = token_first + idx // self.experts
         expert = expert_first + idx - (token - token_first) * self.experts
         if token < m_count and expert < n_count:
             out[token, expert] = total.to(out.element_type)
             if const_expr(handoff is not None):
-                handoff_buffer.publish(handoff, token, expert, total, softmax)
+                handoff_buffer.publish(handoff, token, expert, total, scoring)

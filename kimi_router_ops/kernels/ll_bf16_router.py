@@ -61,7 +61,7 @@ class LLBf16Router(WarpRouting):
         topk_group: Int32,
         renormalize: Int32,
         has_bias: Int32,
-        softmax: Int32,  # 0: sigmoid scores
+        scoring: Int32,  # a variants.Scoring value
         scaling: Float32,
         has_gate_bias: Int32,
         stream: cuda.CUstream,
@@ -83,7 +83,7 @@ class LLBf16Router(WarpRouting):
             ctas_per_sm = 1
         self.kernel(
             xv, wv, gate_bias, bias, logits, weights, ids, handoff,
-            top_k, n_group, topk_group, renormalize, has_bias, softmax, scaling, has_gate_bias,
+            top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, has_gate_bias,
         ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
                  min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
 
@@ -103,20 +103,20 @@ class LLBf16Router(WarpRouting):
         topk_group: Int32,
         renormalize: Int32,
         has_bias: Int32,
-        softmax: Int32,
+        scoring: Int32,
         scaling: Float32,
         has_gate_bias: Int32,
     ):
         if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
-        self.gemm.body(xv, wv, gate_bias, logits, has_gate_bias, handoff, softmax)
+        self.gemm.body(xv, wv, gate_bias, logits, has_gate_bias, handoff, scoring)
         if const_expr(self.at_publisher and self.gemm.experts < WARP):
             # A warp finishes more than one token: the others' routing warps poll only once
             # it has published them.
             cute.arch.sync_threads()
         self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                    has_bias, softmax, scaling, self._scratch())
+                    has_bias, scoring, scaling, self._scratch())
 
     @cute.jit
     def _routing_unit(self):
@@ -142,7 +142,7 @@ class LLBf16Router(WarpRouting):
         return unit, stride
 
     @cute.jit
-    def _gather(self, handoff, bias, m, lane, n_count, has_bias, softmax, scores, choice,
+    def _gather(self, handoff, bias, m, lane, n_count, has_bias, scoring, scores, choice,
                 exact: cutlass.Constexpr):
         """This token's scores (polled until all are published, then emptied again) and
         biases. With `exact` every lane's experts all exist; otherwise indices are clamped

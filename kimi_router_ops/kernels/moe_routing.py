@@ -32,12 +32,12 @@ class MoeRouting(WarpRouting):
         topk_group: Int32,
         renormalize: Int32,
         has_bias: Int32,
-        softmax: Int32,  # 0: sigmoid scores
+        scoring: Int32,  # a variants.Scoring value
         scaling: Float32,
         stream: cuda.CUstream,
     ):
         ctas = (logits.shape[0] + self.warps - 1) // self.warps
-        self.kernel(logits, bias, weights, ids, top_k, n_group, topk_group, renormalize, has_bias, softmax,
+        self.kernel(logits, bias, weights, ids, top_k, n_group, topk_group, renormalize, has_bias, scoring,
                     scaling).launch(
             grid=[ctas, 1, 1], block=[self.warps * WARP, 1, 1], smem=self.scratch_bytes(), stream=stream,
             use_pdl=True,
@@ -55,7 +55,7 @@ class MoeRouting(WarpRouting):
         topk_group: Int32,
         renormalize: Int32,
         has_bias: Int32,
-        softmax: Int32,
+        scoring: Int32,
         scaling: Float32,
     ):
         if has_bias != 0:
@@ -65,7 +65,7 @@ class MoeRouting(WarpRouting):
         cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()  # the logits come from the kernel before us
         self._route(logits, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                    has_bias, softmax, scaling, self._scratch())
+                    has_bias, scoring, scaling, self._scratch())
 
     @cute.jit
     def _routing_unit(self):
@@ -75,7 +75,7 @@ class MoeRouting(WarpRouting):
         return bx * self.warps + warp, gx * self.warps
 
     @cute.jit
-    def _gather(self, logits, bias, m, lane, n_count, has_bias, softmax, scores, choice,
+    def _gather(self, logits, bias, m, lane, n_count, has_bias, scoring, scores, choice,
                 exact: cutlass.Constexpr):
         """This token's scores and biases, every load issued before the first use."""
         slots: cutlass.Constexpr = self.slots
@@ -86,4 +86,4 @@ class MoeRouting(WarpRouting):
         for j in cutlass.range_constexpr(slots):
             scores[j] = logits[m, self._expert(j, lane, n_count, exact)].to(Float32)
         for j in cutlass.range_constexpr(slots):
-            scores[j] = handoff_buffer.score_bits(scores[j], softmax).bitcast(Float32)
+            scores[j] = handoff_buffer.score_bits(scores[j], scoring).bitcast(Float32)

@@ -4,7 +4,7 @@
     scores  = sigmoid(logits), or softmax(logits) over the token's N experts
     choice  = scores + bias
     groups  = n_group equal slices of the experts, scored by the sum of their two best
-              choice values (with softmax: their best, as DeepSeek-V2's group-limited
+              choice values (with scoring: their best, as DeepSeek-V2's group-limited
               greedy); the topk_group best are kept (ties to the lower group)
     ids     = the top_k best choice values among kept experts, best first, ties to the
               lower expert id
@@ -175,7 +175,7 @@ class WarpRouting:
 
     @cute.jit
     def _route(self, source, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-               has_bias, softmax, scaling, scratch):
+               has_bias, scoring, scaling, scratch):
         """Route this warp's tokens: m = unit, unit + stride, ... (_routing_unit) of the
         [M, N] `source` that _gather reads the scores from."""
         slots: cutlass.Constexpr = self.slots
@@ -191,10 +191,10 @@ class WarpRouting:
             # All experts present (every real router's N): no clamped indices, so each load
             # and store is one instruction at an immediate offset from the lane's address.
             if n_count == slots * WARP:
-                self._gather(source, bias, m, lane, n_count, has_bias, softmax, scores, choice, True)
+                self._gather(source, bias, m, lane, n_count, has_bias, scoring, scores, choice, True)
             else:
-                self._gather(source, bias, m, lane, n_count, has_bias, softmax, scores, choice, False)
-            if softmax != 0:  # the same on every lane: a uniform branch
+                self._gather(source, bias, m, lane, n_count, has_bias, scoring, scores, choice, False)
+            if scoring != handoff_buffer.SIGMOID:  # the same on every lane: a uniform branch
                 self._softmax(scores, lane, n_count)
             for j in cutlass.range_constexpr(slots):
                 c = scores[j] + choice[j]
@@ -206,9 +206,9 @@ class WarpRouting:
             if topk_group < n_group:
                 if n_count == n_group * WARP:
                     bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
-                                                   softmax, scratch[None, None, warp])
+                                                   scoring, scratch[None, None, warp])
                 else:
-                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group, softmax)
+                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group, scoring)
 
             my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch[None, None, warp])
             scale = scaling
@@ -434,7 +434,7 @@ class WarpRouting:
         return first, second
 
     @cute.jit
-    def _mask_slot_groups(self, choice, keys, lane, top_k, n_group, topk_group, softmax,
+    def _mask_slot_groups(self, choice, keys, lane, top_k, n_group, topk_group, scoring,
                           scratch) -> Uint32:
         """Groups of exactly 32 experts (DeepSeek-V3: 256 experts, 8 groups): group g is slot
         g of every lane. Shared memory turns slots into rows (8 groups at a time), so four
@@ -467,7 +467,7 @@ class WarpRouting:
                 first = cute.arch.fmax(first, other_first)
             # (Slots past n_group, with more slots than groups, are no group: their key stays 0.)
             if (quarter == 0) & (group < chunk) & (c * GROUP_CHUNK + group < n_group):
-                group_keys[c * GROUP_CHUNK + group] = self._key(self._group_score(first, second, softmax))
+                group_keys[c * GROUP_CHUNK + group] = self._key(self._group_score(first, second, scoring))
             seconds.append(self._key(second))
         cute.arch.sync_warp()
         # (key, ~group) as one 64-bit word: a higher key beats, an equal one from a lower group.
@@ -488,10 +488,10 @@ class WarpRouting:
         return Uint32(cutlass.select_(top_k <= 2 * topk_group, least, Uint32(0)))
 
     @cute.jit
-    def _group_score(self, first, second, softmax) -> Float32:
+    def _group_score(self, first, second, scoring) -> Float32:
         """A group's score from its two best choice values: their sum (DeepSeek-V3), or with
         softmax the best alone (DeepSeek-V2)."""
-        return Float32(cutlass.select_(softmax != 0, first, first + second))
+        return Float32(cutlass.select_(scoring != handoff_buffer.SIGMOID, first, first + second))
 
     @cute.jit
     def _best_groups(self, group_key, lane, topk_group) -> Int32:
@@ -506,7 +506,7 @@ class WarpRouting:
         return kept
 
     @cute.jit
-    def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group, softmax):
+    def _mask_groups(self, choice, keys, lane, n_count, n_group, topk_group, scoring):
         """Any equal groups (n_group <= 32): zero the keys of experts outside the topk_group
         best groups, one group score after the other."""
         group_size = n_count // n_group
@@ -522,7 +522,7 @@ class WarpRouting:
                 second = cute.arch.fmax(second, cute.arch.fmin(first, c))
                 first = cute.arch.fmax(first, c)
             first, second = self._warp_top2(first, second)
-            group_key = Uint32(cutlass.select_(lane == g, self._key(self._group_score(first, second, softmax)),
+            group_key = Uint32(cutlass.select_(lane == g, self._key(self._group_score(first, second, scoring)),
                                                group_key))
         kept = self._best_groups(group_key, lane, topk_group)
         for j in cutlass.range_constexpr(self.slots):

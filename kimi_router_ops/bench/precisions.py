@@ -1,4 +1,4 @@
-"""python -m kimi_router_ops.bench_precisions: fp32 gates and gate biases on this GPU.
+"""python -m kimi_router_ops.bench.precisions: fp32 gates and gate biases on this GPU.
 
 fp32 router weights (MiniMax-M2 and M3, Hunyuan-v3, Ernie-4.5, Step-3.5, Nemotron-H keep
 their gate in fp32): `router_gemm` and each fp32-weight kernel against cuBLAS in fp32
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from kimi_router_ops.bench import git_commit, hbm_read_bandwidth, parse_bench_args, save_report, two_way_tables
-from kimi_router_ops.timing import after_layer_timer, graph_time_us, l2_bytes
+from .gemm import git_commit, hbm_read_bandwidth, parse_bench_args, save_report, two_way_tables
+from .timing import after_layer_timer, graph_time_us, l2_bytes
 
 # (K, N): vLLM's fp32_router_gemm shapes (MiniMax-M2, MiniMax-M3, 6144 x 256), one it lacks,
 # and a sweep of other gates.

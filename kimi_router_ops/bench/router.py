@@ -1,12 +1,12 @@
-"""python -m kimi_router_ops.bench_router: the whole router (GEMM + routing) at decode.
+"""python -m kimi_router_ops.bench.router: the whole router (GEMM + routing) at decode.
 
 For the real router configurations and M = 1..256 this times, the same way as the GEMM
 benchmark (one CUDA graph of one call per weight copy, cold L2, median per call; back to
 back and serialized; one bias per weight copy, so the bias is cold too): `ll_bf16_router`;
 `ll_bf16_gemm` alone; `ll_bf16_gemm` then `moe_routing` (two launches); `moe_routing`
 alone (on warm logits); `ll_bf16_gemm` followed by the routing as torch ops (the transformers
-formula), eagerly and under `torch.compile`; each named-only fused router row that can
-serve the case, forced; and with --gemm-variants, those GEMM rows alone. Each cell is the
+formula), eagerly and under `torch.compile`; and with --gemm-variants, those GEMM rows
+alone. Each cell is the
 median of --rounds rounds, taken in turn, each on weights and biases of its own (a
 placement in memory of its own) with fresh captures. Writes <out>/router.json and
 <out>/router.md.
@@ -20,8 +20,8 @@ import torch
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from kimi_router_ops.bench import empty_node_us, git_commit, parse_bench_args, save_report
-from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
+from .gemm import empty_node_us, git_commit, parse_bench_args, save_report
+from .timing import graph_time_us, l2_bytes, weight_copies
 
 # name: (K hidden, N experts, top_k, n_group, topk_group, routed_scaling_factor, scoring)
 CONFIGS = {
@@ -89,12 +89,6 @@ def implementations(config, m, gemm_variants=()):
         "gemm + torch routing, eager": gemm_then_torch,
         "gemm + torch routing, compiled": compiled,
     }
-    # The named-only fused rows that can serve this case: candidates for the table.
-    for r in variants.ROUTER_VARIANTS:
-        if not r.automatic and r.m_lo <= m <= r.m_hi and r.n_min <= n <= r.n_max:
-            impls[f"forced {r.name}"] = (
-                lambda x, w, b, name=r.name: kimi_router_ops.ll_bf16_router_with_variant(x, w, b, *route, name, scoring)
-            )
     # GEMM rows named on the command line, alone: what the fused rows' GEMM kernels cost.
     for name in gemm_variants:
         v = variants.variant(name)
@@ -173,7 +167,7 @@ def main():
     parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4, 8, 16, 24, 32, 64, 128, 256])
     parser.add_argument("--rounds", type=int, default=3,
                         help="fresh graphs per cell, taken in turn; the cell is their median")
-    parser.add_argument("--gemm-variants", nargs="*", default=[], choices=[v.name for v in variants.VARIANTS],
+    parser.add_argument("--gemm-variants", nargs="*", default=[], choices=[v.name for v in variants.ALL_VARIANTS],
                         help="GEMM rows to time alone as well, where they serve the case")
     args = parse_bench_args(parser)
     report = run(args.configs, args.m, args.replays, max(1, args.rounds), args.gemm_variants)

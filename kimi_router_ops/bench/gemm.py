@@ -1,4 +1,4 @@
-"""python -m kimi_router_ops.bench: router GEMM latency at decode on this GPU.
+"""python -m kimi_router_ops.bench (or .bench.gemm): router GEMM latency at decode on this GPU.
 
 Every implementation runs in the same process, timed the same way: a CUDA graph of one call
 per distinct weight copy (together over 3x the L2 size, so each call reads its weights from
@@ -21,16 +21,16 @@ import torch.nn.functional as F
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from kimi_router_ops.timing import graph_time_us, l2_bytes, weight_copies
+from .timing import graph_time_us, l2_bytes, weight_copies
 
 SHAPES = {"kimi-k3": (896, 7168), "kimi-k2": (384, 7168), "deepseek-v3": (256, 7168)}
 M_LIST = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def implementations(m, sweep=False):
-    """name -> fn(x, w) for problem size m: the op, cuBLAS, and every kernel whose M range
-    holds m (with `sweep`, every kernel that computes m: above 16 tokens, the tensor-core
-    kernels of 16 tokens a CTA or more)."""
+    """name -> fn(x, w) for problem size m: the op, cuBLAS, and every bf16 kernel of the
+    dispatch that computes m in one token tile (with `sweep`, above 16 tokens: the
+    tensor-core kernels of 16 tokens a CTA or more)."""
     impls = {
         "ll_bf16_gemm (auto)": lambda x, w: kimi_router_ops.ll_bf16_gemm(x, w),
         "F.linear (bf16 out)": lambda x, w: F.linear(x, w),
@@ -38,11 +38,11 @@ def implementations(m, sweep=False):
     }
     for v in variants.VARIANTS:
         if v.kernel.weight_dtype != "bfloat16":
-            continue  # bench_precisions times the fp32-weight kernels
-        if sweep:
-            chosen = m <= v.m_hi if m <= 16 else isinstance(v.kernel, variants.Mma) and v.kernel.tokens >= 16
+            continue  # bench.precisions times the fp32-weight kernels
+        if m <= 16 or not sweep:
+            chosen = m <= v.tokens
         else:
-            chosen = v.m_lo <= m <= v.m_hi
+            chosen = isinstance(v.kernel, variants.Mma) and v.tokens >= 16
         if chosen:
             impls[f"forced {v.name}"] = (
                 lambda x, w, name=v.name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)

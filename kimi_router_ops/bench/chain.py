@@ -1,4 +1,4 @@
-"""python -m kimi_router_ops.bench_chain: the router behind its producer, as a model runs it.
+"""python -m kimi_router_ops.bench.chain: the router behind its producer, as a model runs it.
 
 In a decode step the router follows a producer (an RMSNorm, or Kimi-K3's AttnRes) through
 PDL, and the producer follows the rest of the layer, whose last kernel does not release it
@@ -20,9 +20,9 @@ import datetime
 import torch
 
 import kimi_router_ops
-from kimi_router_ops.bench import git_commit, parse_bench_args, save_report, two_way_tables
-from kimi_router_ops.bench_router import CONFIGS
-from kimi_router_ops.timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies
+from .gemm import git_commit, parse_bench_args, save_report, two_way_tables
+from .router import CONFIGS
+from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies
 
 EPS = 1e-6
 SHAPES = ("kimi-k3", "kimi-k2", "deepseek-v3")

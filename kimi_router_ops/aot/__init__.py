@@ -1,0 +1,17 @@
+"""The ahead-of-time build: every kernel of the tables (variants.py) compiled on fake tensors
+and exported to C, and the C++ the dispatch includes. No GPU is needed.
+
+    python -m kimi_router_ops.aot --tables build/generated   # kimi_tables.h (every build)
+    python -m kimi_router_ops.aot --out build/aot             # the kernels (nvidia-cutlass-dsl)
+
+For each kernel of each family (families.py) --out writes <out>/<arch>/<symbol>.{o,h,ptx}:
+the host launch shim with its embedded cubin, its C interface and the PTX (for the static
+checks of tests/test_dispatch.py); then <out>/kimi_kernels.h (cpp.py) and the CuTe DSL static
+runtime. setup.py runs both with KIMI_ROUTER_OPS_BUILD=1, which lets the package import
+before _C exists; a GPU machine without nvidia-cutlass-dsl builds from a copied <out>
+(KIMI_ROUTER_OPS_AOT_DIR).
+"""
+
+from .families import FAMILIES, Family, Kernel, compiled_kernels, family, gemm_object, router_object
+
+__all__ = ["FAMILIES", "Family", "Kernel", "compiled_kernels", "family", "gemm_object", "router_object"]

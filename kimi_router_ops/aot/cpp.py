@@ -1,0 +1,151 @@
+"""The C++ the build generates: kimi_tables.h (the dispatch's tables, from variants.py; every
+build) and kimi_kernels.h (per family: the argument struct, the table of compiled kernels and
+one launch adapter a kernel, over the headers export_to_c wrote; CUDA builds). Each struct is
+written from the same list as its rows, so no layout is restated by hand."""
+
+from .. import variants as v
+from .families import FAMILIES, SCALAR_TYPES, compiled_kernels
+
+_C_SCALARS = {"int32": "int32_t", "float32": "float"}
+
+
+def _struct(name: str, doc: str, fields) -> str:
+    """fields: (C++ type, name, comment) triples."""
+    body = "\n".join(f"  {ctype} {field};" + (f"  // {note}" if note else "") for ctype, field, note in fields)
+    return f"// {doc}\nstruct {name} {{\n{body}\n}};\n"
+
+
+def _array(ctype: str, name: str, rows) -> str:
+    """rows: tuples of C++ literals, in the struct's field order."""
+    body = "\n".join("    {" + ", ".join(row) + "}," for row in rows)
+    return f"inline constexpr {ctype} {name}[] = {{\n{body}\n}};\n"
+
+
+def _table(name, doc, array, fields, rows) -> str:
+    """A struct and its rows from one list of (C++ type, name, comment, value of a row)."""
+    return (_struct(name, doc, [(t, f, note) for t, f, note, _ in fields]) + "\n"
+            + _array(name, array, [tuple(value(r) for *_, value in fields) for r in rows]))
+
+
+def _bool(b) -> str:
+    return str(bool(b)).lower()
+
+
+def _string(s) -> str:
+    return f'"{s}"'
+
+
+_GEMM_ROW = (
+    ("const char*", "name", "", lambda r: _string(r.name)),
+    ("int", "max_m", "the largest M it computes", lambda r: str(r.max_m)),
+    ("bool", "scalar_loads", "also compiled with scalar loads (any K, any alignment)", lambda r: _bool(1 in r.kernel.vecs)),
+    ("int", "vec16", "elements of one 16-byte load of weights: 8 (bf16) or 4 (fp32)", lambda r: str(r.kernel.vecs[0])),
+    ("c10::ScalarType", "weight_dtype", "", lambda r: SCALAR_TYPES[r.kernel.weight_dtype]),
+)
+_CHOICE_ROW = (
+    ("int", "variant", "index into kVariantRows; -1: cuBLAS",
+     lambda c: str(next((i for i, r in enumerate(v.ALL_VARIANTS) if r.name == c.variant), -1))),
+    ("int", "m_lo", "", lambda c: str(c.m_lo)), ("int", "m_hi", "", lambda c: str(c.m_hi)),
+    ("int64_t", "n_min", "", lambda c: str(c.n_min)), ("int64_t", "n_max", "", lambda c: str(c.n_max)),
+    ("int64_t", "k_min", "", lambda c: str(c.k_min)), ("int64_t", "k_max", "", lambda c: str(c.k_max)),
+    ("c10::ScalarType", "weight_dtype", "", lambda c: SCALAR_TYPES[c.weight_dtype]),
+)
+_ROUTER_ROW = (
+    ("const char*", "name", "", lambda r: _string(r.name)),
+    ("int", "m_lo", "chosen for m_lo <= M <= m_hi and n_min <= N <= n_max (first match)", lambda r: str(r.m_lo)),
+    ("int", "m_hi", "", lambda r: str(r.m_hi)),
+    ("int", "n_min", "", lambda r: str(r.n_min)),
+    ("int", "n_max", "also the most experts its routing handles (compiled in)", lambda r: str(r.n_max)),
+    ("c10::ScalarType", "weight_dtype", "of its GEMM row", lambda r: SCALAR_TYPES[r.weight_dtype]),
+)
+
+
+def tables_header() -> str:
+    scoring = ", ".join(f"k{s.name.title()} = {s.value}" for s in v.Scoring)
+    names = ", ".join(_string(s.name.lower()) for s in v.Scoring)
+    constants = {
+        "kRouterMaxTopK": v.ROUTER_MAX_TOP_K, "kRouterMaxM": max(r.m_hi for r in v.ROUTER_VARIANTS),
+        "kRouterMaxN": max(r.n_max for r in v.ROUTER_VARIANTS), "kRouterMaxGroups": v.ROUTER_MAX_GROUPS,
+        "kAttnResMaxBlocks": v.ATTN_RES_KERNEL.max_blocks, "kAttnResMaxHidden": v.ATTN_RES_KERNEL.max_hidden,
+    }
+    return "\n".join([
+        "// Generated from kimi_router_ops/variants.py by kimi_router_ops.aot. Do not edit.",
+        "#pragma once\n",
+        "#include <torch/headeronly/core/ScalarType.h>\n",
+        "#include <cstdint>\n",
+        "namespace kimi {\n",
+        "// How logits become routing scores (variants.Scoring): the ops' `scoring` argument names one.",
+        f"enum class Scoring : int32_t {{ {scoring} }};",
+        f"inline constexpr const char* kScoringNames[] = {{{names}}};\n",
+        _struct("RoutingScalars", "The routing kernels' scalar arguments (variants.ROUTING_SCALARS).",
+                [(_C_SCALARS[kind], name, "") for name, kind in v.ROUTING_SCALARS]),
+        "// inline: one array for the whole program, so row pointers compare across files.",
+        _table("VariantRow", "A GEMM kernel (variants.ALL_VARIANTS).", "kVariantRows", _GEMM_ROW, v.ALL_VARIANTS),
+        _table("ChoiceRow", "The GEMM dispatch (variants.CHOICES): the first row that holds M, N, K and the "
+               "weights' dtype.", "kChoiceRows", _CHOICE_ROW, v.CHOICES),
+        _table("RouterRow", "A fused router kernel (variants.ROUTER_VARIANTS): a GEMM kernel plus routing.",
+               "kRouterRows", _ROUTER_ROW, v.ROUTER_VARIANTS),
+        *(f"inline constexpr int {name} = {value};" for name, value in constants.items()),
+        "\n}  // namespace kimi\n",
+    ])
+
+
+def _call_arguments(fam) -> str:
+    """The wrapper's arguments from an args struct `a` (tensors cast to the export's types)."""
+    out = []
+    for p in fam.params:
+        if p.kind in ("tensor", "tensor3"):
+            out.append(f"reinterpret_cast<{{s}}_Tensor_{p.name}_t*>(&a->{p.name})")
+        elif p.kind == "routing":
+            out += [f"a->routing.{name}" for name, _ in v.ROUTING_SCALARS]
+        else:
+            out.append(f"a->{p.name}")
+    return ", ".join(out)
+
+
+def _args_struct(fam) -> str:
+    kinds = {"tensor": "TensorArg", "tensor3": "Tensor3Arg", "routing": "RoutingScalars", **_C_SCALARS}
+    return _struct(f"{fam.name}Args", f"The arguments of a {fam.name} kernel, in the kernel's order.",
+                   [(kinds[p.kind], p.name, "") for p in fam.params])
+
+
+def _kernel_struct(fam) -> str:
+    fields = [(t, f, "") for t, f, _ in fam.fields]
+    body = "\n".join(f"  {t} {f};" for t, f, _ in fields)
+    return (f"// One compiled {fam.name} kernel.\nstruct {fam.name}Kernel {{\n  using Args = {fam.name}Args;\n"
+            f"  const char* symbol;\n  int sm;  // compute capability it runs on, major * 10 + minor\n{body}\n"
+            f"  ModuleFn init;  // loads the embedded cubin (once a process)\n"
+            f"  ModuleFn load_to_device;  // sets the kernel's attributes on one device\n"
+            f"  int32_t (*launch)({fam.name}Args* args, cudaStream_t stream);\n}};\n")
+
+
+def kernels_header() -> str:
+    includes, parts, symbols = [], [], []
+    for fam in FAMILIES:
+        kernels = compiled_kernels(fam.name)
+        call = _call_arguments(fam)
+        tensors = [p.name for p in fam.params if p.kind in ("tensor", "tensor3")]
+        adapters, rows = [], []
+        for k in kernels:
+            s = k.symbol
+            includes.append(f'#include "{k.arch}/{s}.h"')
+            symbols.append(_string(s))
+            checks = "".join(
+                f'  static_assert(sizeof({s}_Tensor_{t}_t) == sizeof(a->{t}), "ABI mismatch");\n' for t in tensors)
+            adapters.append(f"inline int32_t launch_{s}({fam.name}Args* a, cudaStream_t stream) {{\n{checks}"
+                            f"  return cute_dsl_{s}_wrapper(nullptr, {call.format(s=s)}, stream);\n}}")
+            rows.append((_string(s), str(k.sm), *(value(k) for *_, value in fam.fields),
+                         f"_mlir_{s}_cuda_init", f"_mlir_{s}_cuda_load_to_device", f"launch_{s}"))
+        parts += [_args_struct(fam), _kernel_struct(fam), "\n\n".join(adapters) + "\n",
+                  _array(f"{fam.name}Kernel", f"k{fam.name}Kernels", rows)]
+    return "\n".join([
+        "// Generated by kimi_router_ops.aot. Do not edit.",
+        "#pragma once\n",
+        '#include "kernel_abi.h"',
+        '#include "kimi_tables.h"',
+        *includes,
+        "\nnamespace kimi {\n",
+        *parts,
+        "inline constexpr const char* kKernelSymbols[] = {\n" + "".join(f"    {s},\n" for s in symbols) + "};\n",
+        "}  // namespace kimi\n",
+    ])

@@ -1,0 +1,3 @@
+from .gemm import main
+
+main()
