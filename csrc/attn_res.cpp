@@ -47,10 +47,9 @@ Tensor rms_scale(const Tensor& v, double eps) {  // rsqrt(mean(v^2) + eps), [M, 
 
 }  // namespace
 
-void check_attn_res_inputs(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
-                           const Tensor& norm_weight, const Tensor& qk_weight,
-                           const OptionalTensor& output_norm_weight, int64_t num_blocks,
-                           int64_t block_write_idx, double eps, double output_norm_eps) {
+void check_attn_res_inputs(const AttnResCall& call) {
+  const auto& [prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                block_write_idx, eps, output_norm_eps] = call;
   KIMI_CHECK(prefix.scalar_type() == kBFloat16, "attn_res: prefix must be torch.bfloat16, got ",
              dtype_name(prefix.scalar_type()));
   KIMI_CHECK(prefix.dim() == 2, "attn_res: prefix must be 2-D [M, H], got shape ",
@@ -93,10 +92,9 @@ void check_attn_res_inputs(const Tensor& prefix, const OptionalTensor& delta, co
              "attn_res: output_norm_eps must be finite and >= 0, got ", output_norm_eps);
 }
 
-Tensor attn_res_reference(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
-                          const Tensor& norm_weight, const Tensor& qk_weight,
-                          const OptionalTensor& output_norm_weight, int64_t num_blocks,
-                          int64_t block_write_idx, double eps, double output_norm_eps) {
+Tensor attn_res_reference(const AttnResCall& call) {
+  const auto& [prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                block_write_idx, eps, output_norm_eps] = call;
   const NoGradGuard no_grad;
   Tensor p = prefix;
   if (delta.has_value()) {
@@ -143,10 +141,10 @@ Tensor attn_res_cpu(const Tensor& prefix, const OptionalTensor& delta, const Ten
                     const Tensor& norm_weight, const Tensor& qk_weight,
                     const OptionalTensor& output_norm_weight, int64_t num_blocks,
                     int64_t block_write_idx, double eps, double output_norm_eps) {
-  check_attn_res_inputs(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
-                        num_blocks, block_write_idx, eps, output_norm_eps);
-  return attn_res_reference(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
-                            num_blocks, block_write_idx, eps, output_norm_eps);
+  const AttnResCall call{prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                         num_blocks, block_write_idx, eps, output_norm_eps};
+  check_attn_res_inputs(call);
+  return attn_res_reference(call);
 }
 
 }  // namespace

@@ -122,15 +122,7 @@ std::string describe(const Choice& choice) {
 int vec16_elements(ScalarType weight_dtype) { return weight_dtype == kFloat ? 4 : 8; }
 
 const VariantRow& variant_by_name(const std::string& name) {
-  std::ostringstream names;
-  for (const VariantRow& row : kVariantRows) {
-    if (name == row.name) {
-      return row;
-    }
-    names << " " << row.name;
-  }
-  throw std::runtime_error(message("ll_bf16_gemm_with_variant: unknown variant '", name,
-                                      "'; expected cublas or one of:", names.str()));
+  return row_by_name(kVariantRows, name, "ll_bf16_gemm_with_variant", "cublas or ");
 }
 
 #ifndef KIMI_WITH_CUDA

@@ -82,61 +82,21 @@ const RouterRow* choose_router(const RouterProblem& p, const RoutingParams& r) {
 }
 
 const RouterRow& router_row_by_name(const std::string& name) {
-  std::ostringstream names;
-  for (const RouterRow& row : kRouterRows) {
-    if (name == row.name) {
-      return row;
-    }
-    names << " " << row.name;
-  }
-  throw std::runtime_error(message("ll_bf16_router_with_variant: unknown variant '", name,
-                                      "'; expected one of:", names.str()));
+  return row_by_name(kRouterRows, name, "ll_bf16_router_with_variant");
 }
 
 namespace {
 
-std::tuple<Tensor, Tensor, Tensor> router_reference(const char* op, const Tensor& x,
-                                                    const Tensor& w, const OptionalTensor& bias,
+// The CPU's router: the reference (a named row is only checked to exist).
+std::tuple<Tensor, Tensor, Tensor> router_reference(const char* op, const RouterRow*,
+                                                    const Tensor& x, const Tensor& w,
+                                                    const OptionalTensor& bias,
                                                     const OptionalTensor& gate_bias,
                                                     const RoutingParams& r) {
   check_router_inputs(op, x, w, bias, gate_bias, r);
   const Tensor logits = gemm_reference(x, w, gate_bias, kFloat);
   auto [weights, ids] = routing_reference(logits, bias, r);
   return {weights, ids, logits};
-}
-
-std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cpu(const Tensor& x, const Tensor& w,
-                                                      const OptionalTensor& bias, int64_t top_k,
-                                                      int64_t n_group, int64_t topk_group,
-                                                      bool renormalize,
-                                                      double routed_scaling_factor,
-                                                      const std::string& scoring) {
-  return router_reference(kOp, x, w, bias, std::nullopt,
-                          routing_params(kOp, top_k, n_group, topk_group, renormalize,
-                                         routed_scaling_factor, scoring));
-}
-
-std::tuple<Tensor, Tensor, Tensor> router_cpu(const Tensor& x, const Tensor& w,
-                                              const OptionalTensor& bias, int64_t top_k,
-                                              int64_t n_group, int64_t topk_group,
-                                              bool renormalize, double routed_scaling_factor,
-                                              const std::string& scoring,
-                                              const OptionalTensor& gate_bias) {
-  const char* op = "router";
-  return router_reference(op, x, w, bias, gate_bias,
-                          routing_params(op, top_k, n_group, topk_group, renormalize,
-                                         routed_scaling_factor, scoring));
-}
-
-std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cpu(
-    const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k, int64_t n_group,
-    int64_t topk_group, bool renormalize, double routed_scaling_factor,
-    const std::string& variant, const std::string& scoring) {
-  const char* op = "ll_bf16_router_with_variant";
-  router_row_by_name(variant);
-  return router_reference(op, x, w, bias, std::nullopt,
-                          routing_params(op, top_k, n_group, topk_group, renormalize,
-                                         routed_scaling_factor, scoring));
 }
 
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
@@ -196,9 +156,10 @@ STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
-  m.impl("ll_bf16_router", TORCH_BOX(&ll_bf16_router_cpu));
-  m.impl("router", TORCH_BOX(&router_cpu));
-  m.impl("ll_bf16_router_with_variant", TORCH_BOX(&ll_bf16_router_with_variant_cpu));
+  m.impl("ll_bf16_router", TORCH_BOX(&RouterOps<router_reference>::ll_bf16_router));
+  m.impl("router", TORCH_BOX(&RouterOps<router_reference>::router));
+  m.impl("ll_bf16_router_with_variant",
+         TORCH_BOX(&RouterOps<router_reference>::ll_bf16_router_with_variant));
 }
 
 }  // namespace kimi

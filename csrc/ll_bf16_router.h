@@ -34,4 +34,43 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
 // The router table row called `name`; an error listing the valid names if there is none.
 const RouterRow& router_row_by_name(const std::string& name);
 
+// The three router ops over one implementation, Route(op, named row or nullptr, x, w, bias,
+// gate_bias, routing): the CPU's reference or the CUDA dispatch. `op` names the op whose
+// contract applies (check_router_inputs).
+using RouterOutputs = std::tuple<Tensor, Tensor, Tensor>;
+template <RouterOutputs (*Route)(const char*, const RouterRow*, const Tensor&, const Tensor&,
+                                 const OptionalTensor&, const OptionalTensor&,
+                                 const RoutingParams&)>
+struct RouterOps {
+  static RouterOutputs ll_bf16_router(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+                                      int64_t top_k, int64_t n_group, int64_t topk_group,
+                                      bool renormalize, double routed_scaling_factor,
+                                      const std::string& scoring) {
+    const char* op = "ll_bf16_router";
+    return Route(op, nullptr, x, w, bias, std::nullopt,
+                 routing_params(op, top_k, n_group, topk_group, renormalize,
+                                routed_scaling_factor, scoring));
+  }
+
+  static RouterOutputs router(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+                              int64_t top_k, int64_t n_group, int64_t topk_group,
+                              bool renormalize, double routed_scaling_factor,
+                              const std::string& scoring, const OptionalTensor& gate_bias) {
+    const char* op = "router";
+    return Route(op, nullptr, x, w, bias, gate_bias,
+                 routing_params(op, top_k, n_group, topk_group, renormalize,
+                                routed_scaling_factor, scoring));
+  }
+
+  static RouterOutputs ll_bf16_router_with_variant(
+      const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k,
+      int64_t n_group, int64_t topk_group, bool renormalize, double routed_scaling_factor,
+      const std::string& variant, const std::string& scoring) {
+    const char* op = "ll_bf16_router_with_variant";
+    return Route(op, &router_row_by_name(variant), x, w, bias, std::nullopt,
+                 routing_params(op, top_k, n_group, topk_group, renormalize,
+                                routed_scaling_factor, scoring));
+  }
+};
+
 }  // namespace kimi

@@ -48,6 +48,22 @@ std::string message(const Args&... args) {
   return out.str();
 }
 
+// The row of a generated table called `name`; otherwise an error that lists the names
+// ("<op>: unknown variant '<name>'; expected <expected>one of: ...").
+template <typename Row, size_t kCount>
+const Row& row_by_name(const Row (&table)[kCount], const std::string& name, const char* op,
+                       const char* expected = "") {
+  std::ostringstream names;
+  for (const Row& row : table) {
+    if (name == row.name) {
+      return row;
+    }
+    names << " " << row.name;
+  }
+  throw std::runtime_error(
+      message(op, ": unknown variant '", name, "'; expected ", expected, "one of:", names.str()));
+}
+
 }  // namespace kimi
 
 // An argument error. The stable ABI carries no exception type: torch 2.15 turns whatever a

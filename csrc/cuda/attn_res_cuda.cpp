@@ -26,11 +26,9 @@ bool vec8_aligned(const Tensor3Arg& a) {
 }
 
 // Runs the kernel into out; false where it does not serve the inputs (they are unchanged).
-bool launch_attn_res(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
-                     const Tensor& norm_weight, const Tensor& qk_weight,
-                     const OptionalTensor& output_norm_weight, int64_t num_blocks,
-                     int64_t block_write_idx, double eps, double output_norm_eps,
-                     const Tensor& out) {
+bool launch_attn_res(const AttnResCall& call, const Tensor& out) {
+  const auto& [prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                block_write_idx, eps, output_norm_eps] = call;
   const int device = prefix.get_device_index();
   const AttnResKernel* kernel =
       find_kernel(kAttnResKernels, device_sm(device), [](const AttnResKernel&) { return true; });
@@ -76,16 +74,12 @@ Tensor attn_res_cuda(const Tensor& prefix, const OptionalTensor& delta, const Te
                      const Tensor& norm_weight, const Tensor& qk_weight,
                      const OptionalTensor& output_norm_weight, int64_t num_blocks,
                      int64_t block_write_idx, double eps, double output_norm_eps) {
-  check_attn_res_inputs(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
-                        num_blocks, block_write_idx, eps, output_norm_eps);
+  const AttnResCall call{prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                         num_blocks, block_write_idx, eps, output_norm_eps};
+  check_attn_res_inputs(call);
   const DeviceGuard guard(prefix.get_device_index());
   Tensor out = empty_on(prefix, {prefix.size(0), prefix.size(1)}, kBFloat16);
-  if (launch_attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
-                      num_blocks, block_write_idx, eps, output_norm_eps, out)) {
-    return out;
-  }
-  return attn_res_reference(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
-                            num_blocks, block_write_idx, eps, output_norm_eps);
+  return launch_attn_res(call, out) ? out : attn_res_reference(call);
 }
 
 }  // namespace

@@ -76,46 +76,13 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   return {weights, ids, logits};
 }
 
-std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_cuda(const Tensor& x, const Tensor& w,
-                                                       const OptionalTensor& bias, int64_t top_k,
-                                                       int64_t n_group, int64_t topk_group,
-                                                       bool renormalize,
-                                                       double routed_scaling_factor,
-                                                       const std::string& scoring) {
-  const char* op = "ll_bf16_router";
-  return route_on_gpu(op, nullptr, x, w, bias, std::nullopt,
-                      routing_params(op, top_k, n_group, topk_group, renormalize,
-                                     routed_scaling_factor, scoring));
-}
-
-std::tuple<Tensor, Tensor, Tensor> router_cuda(const Tensor& x, const Tensor& w,
-                                               const OptionalTensor& bias, int64_t top_k,
-                                               int64_t n_group, int64_t topk_group,
-                                               bool renormalize, double routed_scaling_factor,
-                                               const std::string& scoring,
-                                               const OptionalTensor& gate_bias) {
-  const char* op = "router";
-  return route_on_gpu(op, nullptr, x, w, bias, gate_bias,
-                      routing_params(op, top_k, n_group, topk_group, renormalize,
-                                     routed_scaling_factor, scoring));
-}
-
-std::tuple<Tensor, Tensor, Tensor> ll_bf16_router_with_variant_cuda(
-    const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k, int64_t n_group,
-    int64_t topk_group, bool renormalize, double routed_scaling_factor,
-    const std::string& variant, const std::string& scoring) {
-  const char* op = "ll_bf16_router_with_variant";
-  return route_on_gpu(op, &router_row_by_name(variant), x, w, bias, std::nullopt,
-                      routing_params(op, top_k, n_group, topk_group, renormalize,
-                                     routed_scaling_factor, scoring));
-}
-
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
-  m.impl("ll_bf16_router", TORCH_BOX(&ll_bf16_router_cuda));
-  m.impl("router", TORCH_BOX(&router_cuda));
-  m.impl("ll_bf16_router_with_variant", TORCH_BOX(&ll_bf16_router_with_variant_cuda));
+  m.impl("ll_bf16_router", TORCH_BOX(&RouterOps<route_on_gpu>::ll_bf16_router));
+  m.impl("router", TORCH_BOX(&RouterOps<route_on_gpu>::router));
+  m.impl("ll_bf16_router_with_variant",
+         TORCH_BOX(&RouterOps<route_on_gpu>::ll_bf16_router_with_variant));
 }
 
 }  // namespace kimi

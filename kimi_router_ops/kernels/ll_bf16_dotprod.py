@@ -21,18 +21,15 @@ to the last vector and zeroed after the load, which keeps the loop free of branc
 loads (the compiler can then hoist all of them) and every address in bounds.
 """
 
-import cuda.bindings.driver as cuda
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
-from ..variants import TRIGGERS
-
 from . import handoff as handoff_buffer
+from .common import RouterGemm, checked_trigger, strided_columns
 
 
-class LLBf16Dotprod:
+class LLBf16Dotprod(RouterGemm):
     """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
 
     def __init__(
@@ -68,23 +65,7 @@ class LLBf16Dotprod:
         self.num_warps = threads // cute.arch.WARP_SIZE
         # CTAs an SM holds: ptxas gives every variant at most 128 registers a thread.
         self.ctas_per_sm = max(1, 65536 // (128 * threads))
-        if trigger not in TRIGGERS:
-            raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
-        self.trigger = trigger
-
-    @cute.jit
-    def __call__(
-        self,
-        x: cute.Tensor,  # [M, K] x_dtype, unit stride along K
-        w: cute.Tensor,  # [N, K] weight_dtype, unit stride along K
-        gate_bias: cute.Tensor,  # [1, N] weight_dtype; read only if has_gate_bias
-        out: cute.Tensor,  # [M, N] float32 or bfloat16
-        has_gate_bias: Int32,
-        stream: cuda.CUstream,
-    ):
-        xv, wv = self.vector_views(x, w)
-        self.kernel(xv, wv, gate_bias, out, has_gate_bias).launch(
-            **self.launch_shape(w.shape[0], x.shape[0]), stream=stream, use_pdl=self.pdl)
+        self.trigger = checked_trigger(trigger)
 
     def vector_views(self, x, w):
         # Vector views [rows, (vec, K / vec)]: K % vec == 0 is this variant's contract.
@@ -112,21 +93,11 @@ class LLBf16Dotprod:
                 self._load_vec(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r])
 
     def _step_columns(self, s, tidx, kv_count):
-        """This thread's vector columns in step s, and the same clamped into [0, kv_count)."""
-        kv = [s * (self.threads * self.unroll) + u * self.threads + tidx for u in range(self.unroll)]
-        return kv, [cutlass.min(k, kv_count - 1) for k in kv]
-
-    @cute.kernel
-    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
-               has_gate_bias: Int32):
-        self.body(xv, wv, gate_bias, out, has_gate_bias)
+        return strided_columns(s, tidx, kv_count, self.threads, self.unroll)
 
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
              has_gate_bias: Int32, handoff=None, scoring=None):
-        """The whole GEMM; the fused router kernel runs it and then routes (and passes a
-        handoff buffer, kernels/handoff.py, to publish every logit in as well, and the
-        routing's scoring: scoring != SIGMOID publishes logits, not sigmoid scores)."""
         max_m: cutlass.Constexpr = self.max_m
         rows: cutlass.Constexpr = self.rows_per_cta
         unroll: cutlass.Constexpr = self.unroll

@@ -26,17 +26,14 @@ warp's run or past K are clamped and zeroed, so every address is in bounds and t
 no branches around loads.
 """
 
-import cuda.bindings.driver as cuda
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
-from ..variants import TRIGGERS
-
 from . import handoff as handoff_buffer
+from .common import RouterGemm, checked_trigger
 
 TILE_E = 16  # experts per MMA (its M)
 TILE_T = 8  # tokens per MMA (its N)
@@ -51,7 +48,7 @@ def _keep_loads_above(*, loc=None, ip=None):
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
-class LLBf16Mma:
+class LLBf16Mma(RouterGemm):
     """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
 
     def __init__(
@@ -86,9 +83,7 @@ class LLBf16Mma:
         self.pass_blocks = pass_tokens // TILE_T
         self.passes = tokens // pass_tokens
         self.outputs = self.experts * tokens  # partial sums per CTA
-        if trigger not in TRIGGERS:
-            raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
-        self.trigger = trigger
+        self.trigger = checked_trigger(trigger)
 
     def finishing_share(self) -> int:
         """Outputs each CTA of a cluster finishes: rank r sums and stores outputs
@@ -97,20 +92,6 @@ class LLBf16Mma:
 
     def smem_bytes(self) -> int:
         return self.cluster_k * self.warps * self.finishing_share() * 4
-
-    @cute.jit
-    def __call__(
-        self,
-        x: cute.Tensor,  # [M, K] bf16, unit stride along K, K % 8 == 0, 16-byte aligned rows
-        w: cute.Tensor,  # [N, K] bf16, same
-        gate_bias: cute.Tensor,  # [1, N] bf16; read only if has_gate_bias
-        out: cute.Tensor,  # [M, N] float32 or bfloat16
-        has_gate_bias: Int32,
-        stream: cuda.CUstream,
-    ):
-        xv, wv = self.vector_views(x, w)
-        self.kernel(xv, wv, gate_bias, out, has_gate_bias).launch(
-            **self.launch_shape(w.shape[0], x.shape[0]), stream=stream, use_pdl=self.pdl)
 
     def vector_views(self, x, w):
         return cute.logical_divide(x, (None, 8)), cute.logical_divide(w, (None, 8))
@@ -178,17 +159,9 @@ class LLBf16Mma:
             padding.append((chunk >= chunk_end) | (kv >= kv_count))
         return columns, padding
 
-    @cute.kernel
-    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
-               has_gate_bias: Int32):
-        self.body(xv, wv, gate_bias, out, has_gate_bias)
-
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
              has_gate_bias: Int32, handoff=None, scoring=None):
-        """The whole GEMM; the fused router kernel runs it and then routes (and passes a
-        handoff buffer, kernels/handoff.py, to publish every logit in as well, and the
-        routing's scoring: scoring != SIGMOID publishes logits, not sigmoid scores)."""
         unroll: cutlass.Constexpr = self.unroll
         tiles: cutlass.Constexpr = self.tiles
         token_blocks: cutlass.Constexpr = self.token_blocks

@@ -18,7 +18,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass import Float32, Int32, const_expr
 
 from . import handoff as handoff_buffer
 from .routing import WARP, WarpRouting
@@ -56,13 +56,8 @@ class LLBf16Router(WarpRouting):
         weights: cute.Tensor,  # [M, top_k] float32, out
         ids: cute.Tensor,  # [M, top_k] int32, out
         handoff: cute.Tensor,  # [M, N] int32, EMPTY before the call and after it
-        top_k: Int32,
-        n_group: Int32,
-        topk_group: Int32,
-        renormalize: Int32,
-        has_bias: Int32,
-        scoring: Int32,  # a variants.Scoring value
-        scaling: Float32,
+        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
+        has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
         has_gate_bias: Int32,
         stream: cuda.CUstream,
     ):
@@ -98,13 +93,8 @@ class LLBf16Router(WarpRouting):
         weights: cute.Tensor,
         ids: cute.Tensor,
         handoff: cute.Tensor,
-        top_k: Int32,
-        n_group: Int32,
-        topk_group: Int32,
-        renormalize: Int32,
-        has_bias: Int32,
-        scoring: Int32,
-        scaling: Float32,
+        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
+        has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
         has_gate_bias: Int32,
     ):
         if const_expr(self.bias_prefetch):
@@ -149,12 +139,8 @@ class LLBf16Router(WarpRouting):
         (loads) or the stores skipped."""
         slots: cutlass.Constexpr = self.slots
         # Every load first, with no branch between them, so that they are all in flight at
-        # once: one L2 round trip, not one per expert. (Without a bias its pointer is a
-        # stand-in, never read: a uniform branch.)
-        choice.fill(0.0)
-        if has_bias != 0:
-            for j in cutlass.range_constexpr(slots):
-                choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
+        # once: one L2 round trip, not one per expert.
+        self._load_bias(bias, lane, n_count, has_bias, choice, exact)
         for j in cutlass.range_constexpr(slots):
             scores[j] = handoff_buffer.poll(handoff, m, self._expert(j, lane, n_count, exact)).bitcast(Float32)
         # Until every score of this token has been published: reload what is not.

@@ -27,13 +27,8 @@ class MoeRouting(WarpRouting):
         bias: cute.Tensor,  # [1, N] float32 or bfloat16; read only if has_bias
         weights: cute.Tensor,  # [M, top_k] float32, out
         ids: cute.Tensor,  # [M, top_k] int32, out
-        top_k: Int32,
-        n_group: Int32,
-        topk_group: Int32,
-        renormalize: Int32,
-        has_bias: Int32,
-        scoring: Int32,  # a variants.Scoring value
-        scaling: Float32,
+        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
+        has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
         stream: cuda.CUstream,
     ):
         ctas = (logits.shape[0] + self.warps - 1) // self.warps
@@ -50,13 +45,8 @@ class MoeRouting(WarpRouting):
         bias: cute.Tensor,
         weights: cute.Tensor,
         ids: cute.Tensor,
-        top_k: Int32,
-        n_group: Int32,
-        topk_group: Int32,
-        renormalize: Int32,
-        has_bias: Int32,
-        scoring: Int32,
-        scaling: Float32,
+        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
+        has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
     ):
         if has_bias != 0:
             self._prefetch_bias(bias, logits.shape[0])
@@ -79,10 +69,7 @@ class MoeRouting(WarpRouting):
                 exact: cutlass.Constexpr):
         """This token's scores and biases, every load issued before the first use."""
         slots: cutlass.Constexpr = self.slots
-        choice.fill(0.0)
-        if has_bias != 0:
-            for j in cutlass.range_constexpr(slots):
-                choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
+        self._load_bias(bias, lane, n_count, has_bias, choice, exact)
         for j in cutlass.range_constexpr(slots):
             scores[j] = logits[m, self._expert(j, lane, n_count, exact)].to(Float32)
         for j in cutlass.range_constexpr(slots):

@@ -23,6 +23,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
+from .common import strided_columns
+
 
 class RmsNorm:
     """One compiled norm kernel; the rows of variants.NORM_KERNELS give its parameters."""
@@ -78,10 +80,7 @@ class RmsNorm:
         return s
 
     def _step_columns(self, s, tidx, kv_count):
-        """This thread's vectors in step s, and the same clamped into [0, kv_count): a
-        clamped vector is loaded (in bounds), then never used or stored."""
-        kv = [s * (self.threads * self.unroll) + u * self.threads + tidx for u in range(self.unroll)]
-        return kv, [cutlass.min(k, kv_count - 1) for k in kv]
+        return strided_columns(s, tidx, kv_count, self.threads, self.unroll)
 
     @cute.kernel
     def kernel(self, xv, rv, wv, ov, rov, eps: Float32):

@@ -248,6 +248,15 @@ class WarpRouting:
             values[j] = values[j] * inverse
 
     @cute.jit
+    def _load_bias(self, bias, lane, n_count, has_bias, choice, exact: cutlass.Constexpr):
+        """The token's choice values start as its experts' biases (0 without a bias, whose
+        pointer is then a stand-in, never read: a uniform branch)."""
+        choice.fill(0.0)
+        if has_bias != 0:
+            for j in cutlass.range_constexpr(self.slots):
+                choice[j] = bias[0, self._expert(j, lane, n_count, exact)].to(Float32)
+
+    @cute.jit
     def _expert(self, j, lane, n_count, exact: cutlass.Constexpr):
         """Expert j * 32 + lane, clamped to the last one unless all are known to exist."""
         e = j * WARP + lane

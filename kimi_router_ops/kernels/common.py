@@ -1,0 +1,52 @@
+"""What the kernel families share: the router GEMMs' entry points and the strided walk over
+a row of the kernels that give a row to one CTA."""
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from ..variants import TRIGGERS
+
+
+def checked_trigger(trigger: str) -> str:
+    """Where the kernel lets the next one launch: one of variants.TRIGGERS."""
+    if trigger not in TRIGGERS:
+        raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
+    return trigger
+
+
+def strided_columns(s, tidx, kv_count, threads: int, unroll: int):
+    """A thread's vector columns in step s of a row that `threads` threads walk `unroll`
+    vectors at a time, and the same clamped into [0, kv_count): a clamped vector is loaded
+    (in bounds), then never used or stored."""
+    kv = [s * (threads * unroll) + u * threads + tidx for u in range(unroll)]
+    return kv, [cutlass.min(k, kv_count - 1) for k in kv]
+
+
+class RouterGemm:
+    """A router GEMM kernel (the dot product, the tensor cores): out = x w^T (+ gate bias).
+    A subclass gives vector_views, launch_shape and body(xv, wv, gate_bias, out,
+    has_gate_bias, handoff=None, scoring=None): the whole GEMM, which the fused router runs
+    too, passing a handoff buffer (kernels/handoff.py) to publish every logit in as well and
+    the routing's scoring (not sigmoid: it publishes logits, not sigmoid scores)."""
+
+    @cute.jit
+    def __call__(
+        self,
+        x: cute.Tensor,  # [M, K], unit stride along K
+        w: cute.Tensor,  # [N, K], unit stride along K
+        gate_bias: cute.Tensor,  # [1, N] w's dtype; read only if has_gate_bias
+        out: cute.Tensor,  # [M, N] float32 or bfloat16
+        has_gate_bias: Int32,
+        stream: cuda.CUstream,
+    ):
+        xv, wv = self.vector_views(x, w)
+        self.kernel(xv, wv, gate_bias, out, has_gate_bias).launch(
+            **self.launch_shape(w.shape[0], x.shape[0]), stream=stream, use_pdl=self.pdl)
+
+    @cute.kernel
+    def kernel(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
+               has_gate_bias: Int32):
+        self.body(xv, wv, gate_bias, out, has_gate_bias)
