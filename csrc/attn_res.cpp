@@ -135,19 +135,6 @@ Tensor attn_res_reference(const AttnResCall& call) {
   return torch::stable::contiguous(torch::stable::to(mixed, kBFloat16));
 }
 
-namespace {
-
-Tensor attn_res_cpu(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
-                    const Tensor& norm_weight, const Tensor& qk_weight,
-                    const OptionalTensor& output_norm_weight, int64_t num_blocks,
-                    int64_t block_write_idx, double eps, double output_norm_eps) {
-  const AttnResCall call{prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
-                         num_blocks, block_write_idx, eps, output_norm_eps};
-  check_attn_res_inputs(call);
-  return attn_res_reference(call);
-}
-
-}  // namespace
 
 // prefix is written when a delta is given, blocks when block_write_idx >= 0.
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
@@ -157,6 +144,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
       "float eps, float output_norm_eps) -> Tensor");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("attn_res", TORCH_BOX(&attn_res_cpu)); }
+STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
+  m.impl("attn_res", TORCH_BOX(&attn_res_op<attn_res_reference>));
+}
 
 }  // namespace kimi

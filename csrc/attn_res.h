@@ -23,4 +23,17 @@ void check_attn_res_inputs(const AttnResCall& call);
 // Writes p into prefix (with a delta) and blocks[:, block_write_idx] (>= 0), as the kernel.
 Tensor attn_res_reference(const AttnResCall& call);
 
+// The op's entry point (its schema's arguments) over one implementation of a checked call:
+// the reference on the CPU, the kernel or the reference on CUDA.
+template <Tensor (*Run)(const AttnResCall&)>
+Tensor attn_res_op(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
+                   const Tensor& norm_weight, const Tensor& qk_weight,
+                   const OptionalTensor& output_norm_weight, int64_t num_blocks,
+                   int64_t block_write_idx, double eps, double output_norm_eps) {
+  const AttnResCall call{prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                         num_blocks, block_write_idx, eps, output_norm_eps};
+  check_attn_res_inputs(call);
+  return Run(call);
+}
+
 }  // namespace kimi

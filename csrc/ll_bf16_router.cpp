@@ -155,11 +155,6 @@ STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
   m.impl("ll_bf16_router_variant", TORCH_BOX(&ll_bf16_router_variant));
 }
 
-STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
-  m.impl("ll_bf16_router", TORCH_BOX(&RouterOps<router_reference>::ll_bf16_router));
-  m.impl("router", TORCH_BOX(&RouterOps<router_reference>::router));
-  m.impl("ll_bf16_router_with_variant",
-         TORCH_BOX(&RouterOps<router_reference>::ll_bf16_router_with_variant));
-}
+STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) { RouterOps<router_reference>::impl(m); }
 
 }  // namespace kimi

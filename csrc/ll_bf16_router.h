@@ -71,6 +71,14 @@ struct RouterOps {
                  routing_params(op, top_k, n_group, topk_group, renormalize,
                                 routed_scaling_factor, scoring));
   }
+
+  // Registers the three for one dispatch key (STABLE_TORCH_LIBRARY_IMPL's library).
+  template <typename Library>
+  static void impl(Library& m) {
+    m.impl("ll_bf16_router", TORCH_BOX(&ll_bf16_router));
+    m.impl("router", TORCH_BOX(&router));
+    m.impl("ll_bf16_router_with_variant", TORCH_BOX(&ll_bf16_router_with_variant));
+  }
 };
 
 }  // namespace kimi

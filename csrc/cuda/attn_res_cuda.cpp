@@ -70,20 +70,17 @@ bool launch_attn_res(const AttnResCall& call, const Tensor& out) {
   return true;
 }
 
-Tensor attn_res_cuda(const Tensor& prefix, const OptionalTensor& delta, const Tensor& blocks,
-                     const Tensor& norm_weight, const Tensor& qk_weight,
-                     const OptionalTensor& output_norm_weight, int64_t num_blocks,
-                     int64_t block_write_idx, double eps, double output_norm_eps) {
-  const AttnResCall call{prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
-                         num_blocks, block_write_idx, eps, output_norm_eps};
-  check_attn_res_inputs(call);
-  const DeviceGuard guard(prefix.get_device_index());
-  Tensor out = empty_on(prefix, {prefix.size(0), prefix.size(1)}, kBFloat16);
+// A checked call on its GPU: the kernel where it serves the inputs, the reference elsewhere.
+Tensor attn_res_on_gpu(const AttnResCall& call) {
+  const DeviceGuard guard(call.prefix.get_device_index());
+  Tensor out = empty_on(call.prefix, {call.prefix.size(0), call.prefix.size(1)}, kBFloat16);
   return launch_attn_res(call, out) ? out : attn_res_reference(call);
 }
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) { m.impl("attn_res", TORCH_BOX(&attn_res_cuda)); }
+STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
+  m.impl("attn_res", TORCH_BOX(&attn_res_op<attn_res_on_gpu>));
+}
 
 }  // namespace kimi

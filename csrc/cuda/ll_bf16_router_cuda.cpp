@@ -78,11 +78,6 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
 
 }  // namespace
 
-STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
-  m.impl("ll_bf16_router", TORCH_BOX(&RouterOps<route_on_gpu>::ll_bf16_router));
-  m.impl("router", TORCH_BOX(&RouterOps<route_on_gpu>::router));
-  m.impl("ll_bf16_router_with_variant",
-         TORCH_BOX(&RouterOps<route_on_gpu>::ll_bf16_router_with_variant));
-}
+STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) { RouterOps<route_on_gpu>::impl(m); }
 
 }  // namespace kimi

@@ -20,7 +20,7 @@ import datetime
 import torch
 
 import kimi_router_ops
-from .gemm import git_commit, parse_bench_args, save_report, two_way_tables
+from .gemm import git_commit, parse_bench_args, save_report, two_way_markdown
 from .router import CONFIGS
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies
 
@@ -98,10 +98,10 @@ def run(shapes, m_list, replays):
 
 
 def markdown(report):
-    header = (f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: "
-              f"us per (producer, consumer) pair, median of CUDA-graph replays, cold weights; each cell "
-              f"is after the layer (back to back). The layer kernel: {report['layer_us']:.1f} us.")
-    return "\n".join([header, *two_way_tables(report["results"], "shape", ("producer", "consumer"))]) + "\n"
+    return two_way_markdown(
+        report, f"us per (producer, consumer) pair, median of CUDA-graph replays, cold weights; each cell is "
+        f"after the layer (back to back). The layer kernel: {report['layer_us']:.1f} us.",
+        "shape", ("producer", "consumer"))
 
 
 def main():

@@ -169,9 +169,15 @@ def save_report(out: Path, stem: str, report: dict, table: str) -> None:
     print(table)
 
 
+def two_way_markdown(report, what, table_key, row_keys) -> str:
+    """A two-way report: the run's header line, then two_way_tables."""
+    header = f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: {what}"
+    return "\n".join([header, *two_way_tables(report["results"], table_key, row_keys)]) + "\n"
+
+
 def two_way_tables(results, group: str, columns: tuple) -> list:
     """Markdown lines: one table per value of `group`, a row per value of the `columns`, a
-    cell per M: "after the layer (back to back)" (bench_chain, bench_precisions)."""
+    cell per M: "after the layer (back to back)" (bench.chain, bench.precisions)."""
     lines = []
     m_list = list(dict.fromkeys(r["M"] for r in results))
     for name in dict.fromkeys(r[group] for r in results):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from .gemm import git_commit, hbm_read_bandwidth, parse_bench_args, save_report, two_way_tables
+from .gemm import git_commit, hbm_read_bandwidth, parse_bench_args, save_report, two_way_markdown
 from .timing import after_layer_timer, graph_time_us, l2_bytes
 
 # (K, N): vLLM's fp32_router_gemm shapes (MiniMax-M2, MiniMax-M3, 6144 x 256), one it lacks,
@@ -92,10 +92,9 @@ def run(shapes, m_list, replays, candidates):
 
 
 def markdown(report):
-    header = (f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: us per "
-              f"call, median of CUDA-graph replays, cold weights; each cell is after the layer (back to back). "
-              f"HBM read {report['hbm_tb_s']:.2f} TB/s.")
-    return "\n".join([header, *two_way_tables(report["results"], "table", ("shape", "impl"))]) + "\n"
+    return two_way_markdown(
+        report, f"us per call, median of CUDA-graph replays, cold weights; each cell is after the layer (back "
+        f"to back). HBM read {report['hbm_tb_s']:.2f} TB/s.", "table", ("shape", "impl"))
 
 
 def main():

@@ -10,13 +10,6 @@ from cutlass import Int32
 from ..variants import TRIGGERS
 
 
-def checked_trigger(trigger: str) -> str:
-    """Where the kernel lets the next one launch: one of variants.TRIGGERS."""
-    if trigger not in TRIGGERS:
-        raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
-    return trigger
-
-
 def strided_columns(s, tidx, kv_count, threads: int, unroll: int):
     """A thread's vector columns in step s of a row that `threads` threads walk `unroll`
     vectors at a time, and the same clamped into [0, kv_count): a clamped vector is loaded
@@ -31,6 +24,15 @@ class RouterGemm:
     has_gate_bias, handoff=None, scoring=None): the whole GEMM, which the fused router runs
     too, passing a handoff buffer (kernels/handoff.py) to publish every logit in as well and
     the routing's scoring (not sigmoid: it publishes logits, not sigmoid scores)."""
+
+    def _meet_the_kernel_before(self, prefetch: bool, pdl: bool, trigger: str):
+        """Weights loaded before the PDL wait (prefetch), a PDL launch, and where the next
+        kernel may launch (one of variants.TRIGGERS)."""
+        if prefetch and not pdl:
+            raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
+        if trigger not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
+        self.prefetch, self.pdl, self.trigger = prefetch, pdl, trigger
 
     @cute.jit
     def __call__(

@@ -26,7 +26,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
 from . import handoff as handoff_buffer
-from .common import RouterGemm, checked_trigger, strided_columns
+from .common import RouterGemm, strided_columns
 
 
 class LLBf16Dotprod(RouterGemm):
@@ -50,22 +50,13 @@ class LLBf16Dotprod(RouterGemm):
             raise ValueError(f"vec must be 1 or one 16-byte vector of weights, got {vec}")
         if weight_dtype is BFloat16 and x_dtype is not BFloat16:
             raise ValueError("bf16 weights take bf16 hidden_states")
-        self.weight_dtype = weight_dtype
-        self.x_dtype = x_dtype
-        self.token_tiles = token_tiles
-        if prefetch and not pdl:
-            raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
-        self.max_m = max_m
-        self.rows_per_cta = rows_per_cta
-        self.unroll = unroll
-        self.vec = vec
-        self.prefetch = prefetch
-        self.pdl = pdl
-        self.threads = threads
+        self._meet_the_kernel_before(prefetch, pdl, trigger)
+        self.weight_dtype, self.x_dtype, self.vec = weight_dtype, x_dtype, vec
+        self.max_m, self.token_tiles = max_m, token_tiles
+        self.rows_per_cta, self.unroll, self.threads = rows_per_cta, unroll, threads
         self.num_warps = threads // cute.arch.WARP_SIZE
         # CTAs an SM holds: ptxas gives every variant at most 128 registers a thread.
         self.ctas_per_sm = max(1, 65536 // (128 * threads))
-        self.trigger = checked_trigger(trigger)
 
     def vector_views(self, x, w):
         # Vector views [rows, (vec, K / vec)]: K % vec == 0 is this variant's contract.
@@ -98,12 +89,9 @@ class LLBf16Dotprod(RouterGemm):
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
              has_gate_bias: Int32, handoff=None, scoring=None):
-        max_m: cutlass.Constexpr = self.max_m
-        rows: cutlass.Constexpr = self.rows_per_cta
-        unroll: cutlass.Constexpr = self.unroll
-        vec: cutlass.Constexpr = self.vec
-        threads: cutlass.Constexpr = self.threads
-        num_warps: cutlass.Constexpr = self.num_warps
+        # Compile-time values.
+        max_m, rows, unroll, vec = self.max_m, self.rows_per_cta, self.unroll, self.vec
+        threads, num_warps = self.threads, self.num_warps
 
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()

@@ -33,7 +33,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from . import handoff as handoff_buffer
-from .common import RouterGemm, checked_trigger
+from .common import RouterGemm
 
 TILE_E = 16  # experts per MMA (its M)
 TILE_T = 8  # tokens per MMA (its N)
@@ -67,15 +67,12 @@ class LLBf16Mma(RouterGemm):
         if pass_tokens % TILE_T != 0 or tokens % pass_tokens != 0:
             raise ValueError(f"tokens ({tokens}) must be a multiple of pass_tokens ({pass_tokens}), "
                              f"a multiple of {TILE_T}")
-        if prefetch and not pdl:
-            raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
+        self._meet_the_kernel_before(prefetch, pdl, trigger)
         self.tokens = tokens
         self.tiles = tiles
         self.cluster_k = cluster_k
         self.warps = warps
         self.unroll = unroll
-        self.prefetch = prefetch
-        self.pdl = pdl
         self.threads = warps * cute.arch.WARP_SIZE
         self.ctas_per_sm = 1  # about 200 registers a thread (ptxas), 8 warps
         self.experts = TILE_E * tiles  # experts per CTA
@@ -83,7 +80,6 @@ class LLBf16Mma(RouterGemm):
         self.pass_blocks = pass_tokens // TILE_T
         self.passes = tokens // pass_tokens
         self.outputs = self.experts * tokens  # partial sums per CTA
-        self.trigger = checked_trigger(trigger)
 
     def finishing_share(self) -> int:
         """Outputs each CTA of a cluster finishes: rank r sums and stores outputs
@@ -162,14 +158,9 @@ class LLBf16Mma(RouterGemm):
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
              has_gate_bias: Int32, handoff=None, scoring=None):
-        unroll: cutlass.Constexpr = self.unroll
-        tiles: cutlass.Constexpr = self.tiles
-        token_blocks: cutlass.Constexpr = self.token_blocks
-        warps: cutlass.Constexpr = self.warps
-        threads: cutlass.Constexpr = self.threads
-        experts: cutlass.Constexpr = self.experts
-        outputs: cutlass.Constexpr = self.outputs
-        cluster_k: cutlass.Constexpr = self.cluster_k
+        # Compile-time values.
+        unroll, tiles, token_blocks, warps = self.unroll, self.tiles, self.token_blocks, self.warps
+        threads, experts, outputs, cluster_k = self.threads, self.experts, self.outputs, self.cluster_k
 
         tidx, _, _ = cute.arch.thread_idx()
         rank, tile, token_tile = cute.arch.block_idx()  # grid x = the cluster: rank in it

@@ -84,15 +84,8 @@ class LLBf16Router(WarpRouting):
 
     @cute.kernel
     def kernel(
-        self,
-        xv: cute.Tensor,
-        wv: cute.Tensor,
-        gate_bias: cute.Tensor,
-        bias: cute.Tensor,
-        logits: cute.Tensor,
-        weights: cute.Tensor,
-        ids: cute.Tensor,
-        handoff: cute.Tensor,
+        self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, bias: cute.Tensor,
+        logits: cute.Tensor, weights: cute.Tensor, ids: cute.Tensor, handoff: cute.Tensor,
         top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
         has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
         has_gate_bias: Int32,

@@ -40,11 +40,7 @@ class MoeRouting(WarpRouting):
 
     @cute.kernel
     def kernel(
-        self,
-        logits: cute.Tensor,
-        bias: cute.Tensor,
-        weights: cute.Tensor,
-        ids: cute.Tensor,
+        self, logits: cute.Tensor, bias: cute.Tensor, weights: cute.Tensor, ids: cute.Tensor,
         top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
         has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
     ):

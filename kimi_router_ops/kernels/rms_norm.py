@@ -84,9 +84,7 @@ class RmsNorm:
 
     @cute.kernel
     def kernel(self, xv, rv, wv, ov, rov, eps: Float32):
-        vec: cutlass.Constexpr = self.vec
-        unroll: cutlass.Constexpr = self.unroll
-        threads: cutlass.Constexpr = self.threads
+        vec, unroll, threads = self.vec, self.unroll, self.threads  # compile-time values
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         lane = cute.arch.lane_idx()
