@@ -122,7 +122,7 @@ std::string describe(const Choice& choice) {
 int vec16_elements(ScalarType weight_dtype) { return weight_dtype == kFloat ? 4 : 8; }
 
 const VariantRow& variant_by_name(const std::string& name) {
-  return row_by_name(kVariantRows, name, "ll_bf16_gemm_with_variant", "cublas or ");
+  return row_by_name(kVariantRows, name, "router_gemm_with_variant", "cublas or ");
 }
 
 #ifndef KIMI_WITH_CUDA
@@ -142,12 +142,12 @@ Tensor router_gemm_cpu(const Tensor& x, const Tensor& w, const OptionalTensor& b
   return gemm_reference(x, w, bias, out_dtype);
 }
 
-Tensor ll_bf16_gemm_with_variant_cpu(const Tensor& x, const Tensor& w, const std::string& variant,
+Tensor router_gemm_with_variant_cpu(const Tensor& x, const Tensor& w, const std::string& variant,
                                      ScalarType out_dtype) {
   if (variant != "cublas") {
     variant_by_name(variant);
   }
-  check_router_gemm_inputs(x, w, std::nullopt, out_dtype, "ll_bf16_gemm_with_variant");
+  check_router_gemm_inputs(x, w, std::nullopt, out_dtype, "router_gemm_with_variant");
   return gemm_reference(x, w, std::nullopt, out_dtype);
 }
 
@@ -178,7 +178,7 @@ STABLE_TORCH_LIBRARY(kimi, m) {
   // router_gemm without a bias, with the kernel named instead of chosen (any weight dtype
   // the named row takes): for benchmarks and tests.
   m.def(
-      "ll_bf16_gemm_with_variant(Tensor hidden_states, Tensor router_weight, str variant, "
+      "router_gemm_with_variant(Tensor hidden_states, Tensor router_weight, str variant, "
       "ScalarType out_dtype=float32) -> Tensor");
   // The dispatch's choice for a problem, as "<variant>:vec<8|1>", "cublas" or "empty".
   m.def(
@@ -200,7 +200,7 @@ STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
   m.impl("ll_bf16_gemm", TORCH_BOX(&ll_bf16_gemm_cpu));
   m.impl("router_gemm", TORCH_BOX(&router_gemm_cpu));
-  m.impl("ll_bf16_gemm_with_variant", TORCH_BOX(&ll_bf16_gemm_with_variant_cpu));
+  m.impl("router_gemm_with_variant", TORCH_BOX(&router_gemm_with_variant_cpu));
 }
 
 }  // namespace kimi

@@ -82,7 +82,7 @@ const RouterRow* choose_router(const RouterProblem& p, const RoutingParams& r) {
 }
 
 const RouterRow& router_row_by_name(const std::string& name) {
-  return row_by_name(kRouterRows, name, "ll_bf16_router_with_variant");
+  return row_by_name(kRouterRows, name, "router_with_variant");
 }
 
 namespace {
@@ -130,12 +130,12 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
       "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
       "float routed_scaling_factor=1.0, str scoring=\"sigmoid\") "
       "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
-  // The same with a fused router row named (benchmarks, tests); the CPU runs the reference.
+  // `router` with a fused router row named (benchmarks, tests); the CPU runs the reference.
   m.def(
-      "ll_bf16_router_with_variant(Tensor hidden_states, Tensor router_weight, "
+      "router_with_variant(Tensor hidden_states, Tensor router_weight, "
       "Tensor? e_score_correction_bias, int top_k, int n_group, int topk_group, "
-      "bool renormalize, float routed_scaling_factor, str variant, str scoring=\"sigmoid\") "
-      "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+      "bool renormalize, float routed_scaling_factor, str variant, str scoring=\"sigmoid\", "
+      "Tensor? gate_bias=None) -> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
   // Which kernel the CUDA op runs for a problem: a fused router row, "gemm+moe_routing" or
   // "reference".
   m.def(

@@ -62,12 +62,12 @@ struct RouterOps {
                                 routed_scaling_factor, scoring));
   }
 
-  static RouterOutputs ll_bf16_router_with_variant(
+  static RouterOutputs router_with_variant(
       const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k,
       int64_t n_group, int64_t topk_group, bool renormalize, double routed_scaling_factor,
-      const std::string& variant, const std::string& scoring) {
-    const char* op = "ll_bf16_router_with_variant";
-    return Route(op, &router_row_by_name(variant), x, w, bias, std::nullopt,
+      const std::string& variant, const std::string& scoring, const OptionalTensor& gate_bias) {
+    const char* op = "router_with_variant";
+    return Route(op, &router_row_by_name(variant), x, w, bias, gate_bias,
                  routing_params(op, top_k, n_group, topk_group, renormalize,
                                 routed_scaling_factor, scoring));
   }
@@ -77,7 +77,7 @@ struct RouterOps {
   static void impl(Library& m) {
     m.impl("ll_bf16_router", TORCH_BOX(&ll_bf16_router));
     m.impl("router", TORCH_BOX(&router));
-    m.impl("ll_bf16_router_with_variant", TORCH_BOX(&ll_bf16_router_with_variant));
+    m.impl("router_with_variant", TORCH_BOX(&router_with_variant));
   }
 };
 

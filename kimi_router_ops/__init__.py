@@ -28,13 +28,13 @@ if os.environ.get("KIMI_ROUTER_OPS_BUILD") != "1":
         compiled_kernels,
         fused_add_rms_norm,
         ll_bf16_gemm,
-        ll_bf16_gemm_with_variant,
         ll_bf16_router,
-        ll_bf16_router_with_variant,
         moe_routing,
         rms_norm,
         router,
         router_gemm,
+        router_gemm_with_variant,
+        router_with_variant,
     )
     from .router_linear import RouterLinear
 
@@ -46,11 +46,11 @@ __all__ = [
     "compiled_kernels",
     "fused_add_rms_norm",
     "ll_bf16_gemm",
-    "ll_bf16_gemm_with_variant",
     "ll_bf16_router",
-    "ll_bf16_router_with_variant",
     "moe_routing",
     "rms_norm",
     "router",
     "router_gemm",
+    "router_gemm_with_variant",
+    "router_with_variant",
 ]

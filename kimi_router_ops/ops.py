@@ -55,11 +55,11 @@ def router_gemm(hidden_states: Tensor, router_weight: Tensor, bias: Tensor | Non
                             hidden_states, router_weight, bias, out_dtype)
 
 
-def ll_bf16_gemm_with_variant(hidden_states: Tensor, router_weight: Tensor, variant: str,
-                              out_dtype: torch.dtype = torch.float32) -> Tensor:
+def router_gemm_with_variant(hidden_states: Tensor, router_weight: Tensor, variant: str,
+                             out_dtype: torch.dtype = torch.float32) -> Tensor:
     """`router_gemm` without a bias, with the kernel named (a row of variants.ALL_VARIANTS
     for router_weight's dtype, or "cublas"). For benchmarks and tests."""
-    return _ops.ll_bf16_gemm_with_variant.default(hidden_states, router_weight, variant, out_dtype)
+    return _ops.router_gemm_with_variant.default(hidden_states, router_weight, variant, out_dtype)
 
 
 def chosen_variant(M: int, N: int, K: int, out_dtype: torch.dtype = torch.float32, sm: int = 90,
@@ -105,16 +105,16 @@ def router(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias
                                renormalize, routed_scaling_factor, scoring, gate_bias)
 
 
-def ll_bf16_router_with_variant(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None,
-                                top_k: int, n_group: int, topk_group: int, renormalize: bool,
-                                routed_scaling_factor: float, variant: str,
-                                scoring: str = "sigmoid") -> tuple[Tensor, Tensor, Tensor]:
-    """`ll_bf16_router` with the fused kernel named: a row of variants.ROUTER_VARIANTS, which
-    must serve the problem on this GPU (`RuntimeError` otherwise). The CPU checks the name
-    and runs the reference. For benchmarks and tests."""
-    return _ops.ll_bf16_router_with_variant.default(hidden_states, router_weight, e_score_correction_bias, top_k,
-                                                    n_group, topk_group, renormalize, routed_scaling_factor,
-                                                    variant, scoring)
+def router_with_variant(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None,
+                        top_k: int, n_group: int, topk_group: int, renormalize: bool, routed_scaling_factor: float,
+                        variant: str, scoring: str = "sigmoid",
+                        gate_bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """`router` with the fused kernel named: a row of variants.ROUTER_VARIANTS, which must
+    serve the problem on this GPU (`RuntimeError` otherwise). The CPU checks the name and
+    runs the reference. For benchmarks and tests."""
+    return _ops.router_with_variant.default(hidden_states, router_weight, e_score_correction_bias, top_k, n_group,
+                                            topk_group, renormalize, routed_scaling_factor, variant, scoring,
+                                            gate_bias)
 
 
 def chosen_router_variant(M: int, N: int, K: int, top_k: int, n_group: int = 1, topk_group: int = 1, sm: int = 90,
@@ -198,8 +198,8 @@ def _norm_output(x):
 _fake = torch.library.register_fake
 _fake("kimi::ll_bf16_gemm")(lambda x, w, out_dtype=torch.float32, **_: _logits(x, w, out_dtype))
 _fake("kimi::router_gemm")(lambda x, w, bias=None, out_dtype=torch.float32, **_: _logits(x, w, out_dtype))
-_fake("kimi::ll_bf16_gemm_with_variant")(lambda x, w, variant, out_dtype=torch.float32, **_: _logits(x, w, out_dtype))
-for _op in ("ll_bf16_router", "ll_bf16_router_with_variant", "router"):
+_fake("kimi::router_gemm_with_variant")(lambda x, w, variant, out_dtype=torch.float32, **_: _logits(x, w, out_dtype))
+for _op in ("ll_bf16_router", "router_with_variant", "router"):
     _fake(f"kimi::{_op}")(_router_fake)
 _fake("kimi::moe_routing")(lambda logits, bias, top_k, *args, **kwargs: _choice(logits, _rows(logits), top_k))
 _fake("kimi::rms_norm")(lambda x, *args, **kwargs: _norm_output(x))
@@ -235,6 +235,6 @@ for _op in ("ll_bf16_gemm", "router_gemm"):
 # The other ops pick discrete experts or serve inference only: no derivative. A fallthrough
 # skips autograd at no cost per call; their outputs do not require grad.
 _autograd_lib = torch.library.Library("kimi", "IMPL")
-for _op in ("ll_bf16_gemm_with_variant", "ll_bf16_router", "ll_bf16_router_with_variant", "router", "moe_routing",
+for _op in ("router_gemm_with_variant", "ll_bf16_router", "router_with_variant", "router", "moe_routing",
             "rms_norm", "fused_add_rms_norm", "attn_res"):
     _autograd_lib.impl(_op, torch.library.fallthrough_kernel, "Autograd")

@@ -44,9 +44,9 @@ def test_every_variant(variant, aligned):
                 w = w.to(getattr(torch, row.kernel.weight_dtype))
             if row and not aligned and 1 not in row.kernel.vecs:
                 with pytest.raises(RuntimeError, match=f"variant {variant} needs K % {row.kernel.vecs[0]} == 0"):
-                    kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant, out_dtype)
+                    kimi_router_ops.router_gemm_with_variant(x, w, variant, out_dtype)
                 continue
-            check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant, out_dtype), x, w, out_dtype)
+            check(kimi_router_ops.router_gemm_with_variant(x, w, variant, out_dtype), x, w, out_dtype)
 
 
 @pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS])
@@ -58,7 +58,7 @@ def test_every_variant_odd_shapes(variant):
         for m in sorted({1, 3, row.tokens} & set(range(1, row.tokens + 1))):
             x, w = random_bf16(m, k, device="cuda"), random_bf16(n, k, device="cuda")
             w = w.to(getattr(torch, row.kernel.weight_dtype))
-            check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant), x, w, torch.float32)
+            check(kimi_router_ops.router_gemm_with_variant(x, w, variant), x, w, torch.float32)
 
 
 @pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS if isinstance(v.kernel, variants.Mma)])
@@ -69,7 +69,7 @@ def test_tensor_core_variants_take_any_m_in_token_tiles(variant):
     for n, k in [(33, 7176), (300, 1000)]:
         for m in (tokens + 1, 2 * tokens + 3, 5 * tokens):
             x, w = random_bf16(m, k, device="cuda"), random_bf16(n, k, device="cuda")
-            check(kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant), x, w, torch.float32)
+            check(kimi_router_ops.router_gemm_with_variant(x, w, variant), x, w, torch.float32)
 
 
 def test_tensor_core_kernels_of_one_k_split_sum_alike():
@@ -87,7 +87,7 @@ def test_tensor_core_kernels_of_one_k_split_sum_alike():
             continue
         for n, m in [(200, 5), (896, 40), (33, 70)]:
             x, w = random_bf16(m, 7168, device="cuda"), random_bf16(n, 7168, device="cuda")
-            outs = [kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name) for name in names]
+            outs = [kimi_router_ops.router_gemm_with_variant(x, w, name) for name in names]
             for name, out in zip(names[1:], outs[1:]):
                 assert torch.equal(out, outs[0]), (names[0], name, n, m)
             compared += 1
@@ -118,23 +118,23 @@ def test_property_cuda(m, n, k, x_offset, w_offset, scale, out_dtype, seed):
 def test_prefetch_is_bitwise_equal_to_no_prefetch(model, out_dtype):
     n, k = MODEL_SHAPES[model]
     x, w = random_bf16(1, k, device="cuda"), random_bf16(n, k, device="cuda")
-    prefetch = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_prefetch_r4_t256", out_dtype)
-    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_r4_t256", out_dtype))
-    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_r4_t256_nopdl", out_dtype))
+    prefetch = kimi_router_ops.router_gemm_with_variant(x, w, "m1_prefetch_r4_t256", out_dtype)
+    assert torch.equal(prefetch, kimi_router_ops.router_gemm_with_variant(x, w, "m1_r4_t256", out_dtype))
+    assert torch.equal(prefetch, kimi_router_ops.router_gemm_with_variant(x, w, "m1_r4_t256_nopdl", out_dtype))
     assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm(x, w, out_dtype))
-    early = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_prefetch_r4_t256_before_wait", out_dtype)
+    early = kimi_router_ops.router_gemm_with_variant(x, w, "m1_prefetch_r4_t256_before_wait", out_dtype)
     assert torch.equal(prefetch, early)  # the next kernel launched before our wait
     for m in (1, 5):  # the tensor-core twins
         xm = random_bf16(m, k, device="cuda")
         assert torch.equal(
-            kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, "mma8_t2c4w8u7", out_dtype),
-            kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, "mma8_t2c4w8u7_noprefetch", out_dtype),
+            kimi_router_ops.router_gemm_with_variant(xm, w, "mma8_t2c4w8u7", out_dtype),
+            kimi_router_ops.router_gemm_with_variant(xm, w, "mma8_t2c4w8u7_noprefetch", out_dtype),
         )
     for m, name in ((5, "mma8_t2c4w8u7"), (12, "mma16_t2c4w8u7")):  # the next kernel launched earlier
         xm = random_bf16(m, k, device="cuda")
         assert torch.equal(
-            kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, name, out_dtype),
-            kimi_router_ops.ll_bf16_gemm_with_variant(xm, w, f"{name}_before_wait", out_dtype),
+            kimi_router_ops.router_gemm_with_variant(xm, w, name, out_dtype),
+            kimi_router_ops.router_gemm_with_variant(xm, w, f"{name}_before_wait", out_dtype),
         )
 
 

@@ -112,7 +112,7 @@ def test_autograd_matches_float_reference(device):
 def test_forced_variant_names_are_checked():
     x, w = random_bf16(1, 64), random_bf16(4, 64)
     with pytest.raises(RuntimeError, match="unknown variant 'nope'"):
-        kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "nope")
+        kimi_router_ops.router_gemm_with_variant(x, w, "nope")
     torch.testing.assert_close(
-        kimi_router_ops.ll_bf16_gemm_with_variant(x, w, "m1_r4_t256"), kimi_router_ops.ll_bf16_gemm(x, w)
+        kimi_router_ops.router_gemm_with_variant(x, w, "m1_r4_t256"), kimi_router_ops.ll_bf16_gemm(x, w)
     )

@@ -69,7 +69,7 @@ def fused_rows_gemm(x, w, top_k, n_group=1, topk_group=1):
     if not row.startswith("router_"):  # two launches (or the reference): the GEMM op first
         return kimi_router_ops.ll_bf16_gemm(x, w)
     gemm = next(r.gemm for r in variants.ROUTER_VARIANTS if r.name == row)
-    return kimi_router_ops.ll_bf16_gemm_with_variant(x, w, gemm)
+    return kimi_router_ops.router_gemm_with_variant(x, w, gemm)
 
 
 def faster_other_kernel(m, n):
@@ -134,8 +134,8 @@ def test_one_tile_tensor_core_kernels_sum_as_the_two_tile_ones(tokens):
     for n in (8, 200, 256, 300, 384, 1000):
         for m in range(1, tokens + 1):
             x, w, _ = make_case(m, n, 7168, 1, 1, 1, None, "cuda", seed=n + m)
-            one = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, f"mma{tokens}_t1c4w8u7")
-            two = kimi_router_ops.ll_bf16_gemm_with_variant(x, w, f"mma{tokens}_t2c4w8u7")
+            one = kimi_router_ops.router_gemm_with_variant(x, w, f"mma{tokens}_t1c4w8u7")
+            two = kimi_router_ops.router_gemm_with_variant(x, w, f"mma{tokens}_t2c4w8u7")
             assert torch.equal(one, two), (n, m)
 
 
@@ -261,7 +261,7 @@ def test_many_equal_experts_in_groups_go_to_the_lowest_ids(device, m):
         if row is None:
             out = kimi_router_ops.ll_bf16_router(*args)
         else:
-            out = kimi_router_ops.ll_bf16_router_with_variant(
+            out = kimi_router_ops.router_with_variant(
                 x, w.to(getattr(torch, row.weight_dtype)), *args[2:], row.name)
         assert out[1].tolist() == [[200] + list(range(7))] * m, getattr(row, "name", row)
         torch.testing.assert_close(out[0], torch.full_like(out[0], 2.5 / 8))
@@ -314,7 +314,7 @@ def test_bias_at_any_alignment(dtype, offset):
         bias = (torch.randn(n + offset, device="cuda") * 0.1).to(dtype)[offset:]
         assert bias.data_ptr() % 16 == (offset * bias.element_size()) % 16
         args = (8, 1, 1, True, 2.5)
-        out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
+        out = kimi_router_ops.router_with_variant(x, w, bias, *args, row.name)
         check_router(out, x, w, bias, *args)
 
 
@@ -433,18 +433,25 @@ def test_forced_router_variant_on_cpu_is_the_reference():
     x, w, bias = make_case(3, 64, 96, 6, 4, 2)
     expected = kimi_router_ops.ll_bf16_router(x, w, bias, 6, 4, 2, True, 2.5)
     for r in variants.ROUTER_VARIANTS:
-        out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, r.name)
+        out = kimi_router_ops.router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, r.name)
         assert all(torch.equal(a, b) for a, b in zip(out, expected))
-    with pytest.raises(RuntimeError, match="unknown variant 'router_nope'; expected one of: router_m1"):
-        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, "router_nope")
+    with pytest.raises(RuntimeError, match="router_with_variant: unknown variant 'router_nope'; expected one of: "
+                                           "router_m1"):
+        kimi_router_ops.router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, "router_nope")
+    gate_bias = random_bf16(64)  # router's contract and reference, gate bias included
+    expected = kimi_router_ops.router(x, w, bias, 6, 4, 2, True, 2.5, gate_bias=gate_bias)
+    out = kimi_router_ops.router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, variants.ROUTER_VARIANTS[0].name,
+                                              gate_bias=gate_bias)
+    assert all(torch.equal(a, b) for a, b in zip(out, expected))
 
 
 def test_forced_router_variant_opcheck():
     x, w, bias = make_case(3, 64, 96, 6, 4, 2)
-    torch.library.opcheck(
-        torch.ops.kimi.ll_bf16_router_with_variant.default,
-        (x, w, bias, 6, 4, 2, True, 2.5, variants.ROUTER_VARIANTS[0].name),
-    )
+    for gate_bias in (None, random_bf16(64)):
+        torch.library.opcheck(
+            torch.ops.kimi.router_with_variant.default,
+            (x, w, bias, 6, 4, 2, True, 2.5, variants.ROUTER_VARIANTS[0].name, "sigmoid", gate_bias),
+        )
 
 
 @requires_kernel_gpu
@@ -460,9 +467,9 @@ def test_every_router_variant(row):
                 x, w, bias = make_case(m, n, 7168, top_k, n_group, topk_group, bias_kind, "cuda", seed=m)
                 w = w.to(getattr(torch, row.weight_dtype))
                 args = (top_k, n_group, topk_group, True, scale)
-                out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
+                out = kimi_router_ops.router_with_variant(x, w, bias, *args, row.name)
                 check_router(out, x, w, bias, *args)
-                assert torch.equal(out[2], kimi_router_ops.ll_bf16_gemm_with_variant(x, w, row.gemm))
+                assert torch.equal(out[2], kimi_router_ops.router_gemm_with_variant(x, w, row.gemm))
 
 
 @requires_kernel_gpu
@@ -475,7 +482,7 @@ def test_property_cuda_forced_rows(problem, row, renormalize):
     x, w, bias = make_case(**problem, device="cuda")
     w = w.to(getattr(torch, row.weight_dtype))
     args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, 1.5)
-    out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
+    out = kimi_router_ops.router_with_variant(x, w, bias, *args, row.name)
     check_router(out, x, w, bias, *args)
 
 
@@ -484,13 +491,13 @@ def test_forced_router_variant_that_cannot_serve_is_an_error():
     x, w, bias = make_case(4, 384, 7168, 8, 1, 1, device="cuda")
     small = next(r for r in variants.ROUTER_VARIANTS if r.n_max == 256 and r.m_lo <= 4 <= r.m_hi)
     with pytest.raises(RuntimeError, match=f"variant {small.name} routes N <= 256 experts, got N = 384"):
-        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, small.name)
+        kimi_router_ops.router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, small.name)
     m1 = variants.ROUTER_VARIANTS[0]
     with pytest.raises(RuntimeError, match=f"variant {m1.name} handles 1 <= M <= 1, got M = 4"):
-        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, m1.name)
+        kimi_router_ops.router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, m1.name)
     fits = next(r for r in variants.ROUTER_VARIANTS if r.n_min <= 384 <= r.n_max and r.m_lo <= 4 <= r.m_hi)
     with pytest.raises(RuntimeError, match="picks top_k <= 32, got 33"):
-        kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, 33, 1, 1, True, 1.0, fits.name)
+        kimi_router_ops.router_with_variant(x, w, bias, 33, 1, 1, True, 1.0, fits.name)
     check_router(kimi_router_ops.ll_bf16_router(x, w, bias, 8), x, w, bias, 8, 1, 1, True, 1.0)
 
 

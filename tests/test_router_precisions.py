@@ -217,8 +217,15 @@ def test_every_fp32_router_row_with_a_gate_bias(row):
             args = (8, 1, 1, True, 1.0)
             out = kimi_router_ops.router(x, w, bias, *args, gate_bias=b)
             assert linear_error(out[2], x, w, b) <= 10 * FP32_GATE_TOLERANCE
-            forced = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name)
-            assert torch.equal(forced[2], kimi_router_ops.ll_bf16_gemm_with_variant(x, w, row.gemm))
+            forced = kimi_router_ops.router_with_variant(x, w, bias, *args, row.name)
+            assert torch.equal(forced[2], kimi_router_ops.router_gemm_with_variant(x, w, row.gemm))
+            # With the gate bias: the logits of F.linear, routed as the routing op routes them.
+            forced = kimi_router_ops.router_with_variant(x, w, bias, *args, row.name, gate_bias=b)
+            assert linear_error(forced[2], x, w, b) <= 10 * FP32_GATE_TOLERANCE
+            weights, ids = kimi_router_ops.moe_routing(forced[2], bias, *args)
+            assert torch.equal(ids, forced[1]) and torch.equal(weights, forced[0])
+            if kimi_router_ops.chosen_router_variant(m, n, 3072, 8, weight_dtype=torch.float32) == row.name:
+                assert all(torch.equal(a, c) for a, c in zip(forced, out))
 
 
 @requires_kernel_gpu

@@ -172,7 +172,7 @@ def test_router_property_cuda_every_row(problem, row, renormalize):
     args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, 1.0)
     if not (row.m_lo <= x.shape[0] <= row.m_hi and row.n_min <= w.shape[0] <= row.n_max):
         return  # the row does not serve this problem (test_router.py checks the error)
-    out = kimi_router_ops.ll_bf16_router_with_variant(x, w, bias, *args, row.name, SOFTMAX)
+    out = kimi_router_ops.router_with_variant(x, w, bias, *args, row.name, SOFTMAX)
     check_router(out, x, w, bias, *args, SOFTMAX)
 
 

@@ -23,12 +23,12 @@ def main(cases):
         n, k = SHAPES[shape]
         x = torch.randn(int(m), k, device="cuda").to(torch.bfloat16)
         w = torch.randn(n, k, device="cuda").to(torch.bfloat16)
-        kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant)
+        kimi_router_ops.router_gemm_with_variant(x, w, variant)
         calls.append((case, x, w, variant))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for case, x, w, variant in calls:
-        kimi_router_ops.ll_bf16_gemm_with_variant(x, w, variant)
+        kimi_router_ops.router_gemm_with_variant(x, w, variant)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     print("profiled, in order:", " ".join(case for case, *_ in calls))

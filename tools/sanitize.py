@@ -69,7 +69,7 @@ def main():
                 # bf16 output changes only the final store: check it on a subset of shapes.
                 out_dtypes = (torch.float32, torch.bfloat16) if n in (17, 896) else (torch.float32,)
                 for out_dtype in out_dtypes:
-                    out = kimi_router_ops.ll_bf16_gemm_with_variant(x.cuda(), w.cuda(), v.name, out_dtype)
+                    out = kimi_router_ops.router_gemm_with_variant(x.cuda(), w.cuda(), v.name, out_dtype)
                     err = dot_error(out, x, w)
                     worst = max(worst, err if out_dtype == torch.float32 else err / 800)
                     calls += 1
@@ -86,7 +86,7 @@ def main():
                     bias = make_bias(n, bias_dtype)
                     route = (top_k, n_group, topk_group, True, 2.5)
                     cuda_bias = None if bias is None else bias.cuda()
-                    weights, ids, logits = kimi_router_ops.ll_bf16_router_with_variant(
+                    weights, ids, logits = kimi_router_ops.router_with_variant(
                         x.cuda(), w.cuda(), cuda_bias, *route, r.name, scoring
                     )
                     ref_weights, ref_ids, _, masked, group_scores = reference_router(x, w, bias, *route, scoring)

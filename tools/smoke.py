@@ -14,6 +14,6 @@ torch.cuda.synchronize()
 ref = x.double() @ w.double().t()
 print("rel err", ((out.double() - ref).norm() / ref.norm()).item())
 try:  # an error whose message formats integers, raised from the CUDA path
-    kimi_router_ops.ll_bf16_gemm_with_variant(torch.cat([x, x]), w, "m1_r4_t256")
+    kimi_router_ops.router_gemm_with_variant(torch.cat([x, x]), w, "m1_r4_t256")
 except RuntimeError as e:  # every argument error is a RuntimeError (docs/api.md)
     print("error ok:", e)

@@ -60,7 +60,7 @@ bool vec16_ok(const Tensor& x, const Tensor& w) {
 
 namespace {
 
-// `row`: the variant named by ll_bf16_gemm_with_variant, or nullptr for the automatic choice.
+// `row`: the variant named by router_gemm_with_variant, or nullptr for the automatic choice.
 Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
               const OptionalTensor& gate_bias, ScalarType out_dtype) {
   const Tensor x = unit_inner_stride(x_in);
@@ -75,14 +75,14 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
   if (row == nullptr) {
     row = choose_kernel(M, N, K, sm, w.scalar_type(), vec16).row;
   } else {
-    KIMI_CHECK(row->weight_dtype == w.scalar_type(), "ll_bf16_gemm_with_variant: variant ",
+    KIMI_CHECK(row->weight_dtype == w.scalar_type(), "router_gemm_with_variant: variant ",
                row->name, " takes ", dtype_name(row->weight_dtype), " router_weight, got ",
                dtype_name(w.scalar_type()));
-    KIMI_CHECK(M <= row->max_m, "ll_bf16_gemm_with_variant: variant ", row->name,
+    KIMI_CHECK(M <= row->max_m, "router_gemm_with_variant: variant ", row->name,
                      " handles M <= ", row->max_m, ", got M = ", M);
-    KIMI_CHECK(kernels_support(sm, N, K), "ll_bf16_gemm_with_variant: no kernels for sm_", sm,
+    KIMI_CHECK(kernels_support(sm, N, K), "router_gemm_with_variant: no kernels for sm_", sm,
                " or for N=", N, " K=", K);
-    KIMI_CHECK(vec16 || row->scalar_loads, "ll_bf16_gemm_with_variant: variant ", row->name,
+    KIMI_CHECK(vec16 || row->scalar_loads, "router_gemm_with_variant: variant ", row->name,
                " needs K % ", row->vec16, " == 0, row strides % ", row->vec16,
                " == 0 and aligned data; got K = ", K);
   }
@@ -117,9 +117,9 @@ Tensor router_gemm_cuda(const Tensor& x, const Tensor& w, const OptionalTensor& 
   return launch(nullptr, x, w, bias, out_dtype);
 }
 
-Tensor ll_bf16_gemm_with_variant_cuda(const Tensor& x, const Tensor& w, const std::string& variant,
+Tensor router_gemm_with_variant_cuda(const Tensor& x, const Tensor& w, const std::string& variant,
                                       ScalarType out_dtype) {
-  check_router_gemm_inputs(x, w, std::nullopt, out_dtype, "ll_bf16_gemm_with_variant");
+  check_router_gemm_inputs(x, w, std::nullopt, out_dtype, "router_gemm_with_variant");
   const DeviceGuard guard(x.get_device_index());
   if (variant == "cublas") {
     return cublas_mm(unit_inner_stride(x), unit_inner_stride(w), std::nullopt, out_dtype);
@@ -137,7 +137,7 @@ Tensor gemm_on_gpu(const Tensor& x, const Tensor& w, const OptionalTensor& gate_
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
   m.impl("ll_bf16_gemm", TORCH_BOX(&ll_bf16_gemm_cuda));
   m.impl("router_gemm", TORCH_BOX(&router_gemm_cuda));
-  m.impl("ll_bf16_gemm_with_variant", TORCH_BOX(&ll_bf16_gemm_with_variant_cuda));
+  m.impl("router_gemm_with_variant", TORCH_BOX(&router_gemm_with_variant_cuda));
 }
 
 }  // namespace kimi

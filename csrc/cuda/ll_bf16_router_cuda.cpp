@@ -20,7 +20,7 @@ const RouterKernel& router_kernel(const RouterRow& row, ScalarType bias_dtype, i
   return *kernel;
 }
 
-// `forced`: the row named by ll_bf16_router_with_variant, or nullptr for the automatic choice.
+// `forced`: the row named by router_with_variant, or nullptr for the automatic choice.
 // `op` names the op whose contract applies (check_router_inputs).
 std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow* forced,
                                                 const Tensor& x_in, const Tensor& w_in,
@@ -39,7 +39,7 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   const RouterRow* row = M == 0 ? nullptr : forced;  // no rows: the two launches, empty
   if (row != nullptr) {
     const std::string misfit = router_row_misfit(*forced, problem, routing);
-    KIMI_CHECK(misfit.empty(), "ll_bf16_router_with_variant: variant ", forced->name, " ",
+    KIMI_CHECK(misfit.empty(), "router_with_variant: variant ", forced->name, " ",
                      misfit);
   } else if (M > 0) {
     row = choose_router(problem, routing);

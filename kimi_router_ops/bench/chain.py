@@ -61,7 +61,7 @@ def consumers(m, config):
                    scoring=scoring)
     out = {"ll_bf16_gemm": lambda h, w, b: kimi_router_ops.ll_bf16_gemm(h, w)}
     if m in NO_PREFETCH:
-        out["gemm, no prefetch"] = lambda h, w, b: kimi_router_ops.ll_bf16_gemm_with_variant(h, w, NO_PREFETCH[m])
+        out["gemm, no prefetch"] = lambda h, w, b: kimi_router_ops.router_gemm_with_variant(h, w, NO_PREFETCH[m])
     out["ll_bf16_router"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, b, **routing)
     out["gemm + moe_routing"] = lambda h, w, b: kimi_router_ops.moe_routing(
         kimi_router_ops.ll_bf16_gemm(h, w), b, **routing)

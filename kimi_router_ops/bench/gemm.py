@@ -45,7 +45,7 @@ def implementations(m, sweep=False):
             chosen = isinstance(v.kernel, variants.Mma) and v.tokens >= 16
         if chosen:
             impls[f"forced {v.name}"] = (
-                lambda x, w, name=v.name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)
+                lambda x, w, name=v.name: kimi_router_ops.router_gemm_with_variant(x, w, name)
             )
     return impls
 

@@ -37,7 +37,7 @@ def fp32_gemms(m, candidates):
     if candidates:
         for v in variants.VARIANTS:
             if v.kernel.weight_dtype == "float32" and m <= v.max_m:
-                impls[f"forced {v.name}"] = lambda x, w, name=v.name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)
+                impls[f"forced {v.name}"] = lambda x, w, name=v.name: kimi_router_ops.router_gemm_with_variant(x, w, name)
     return impls
 
 

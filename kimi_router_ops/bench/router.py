@@ -93,7 +93,7 @@ def implementations(config, m, gemm_variants=()):
     for name in gemm_variants:
         v = variants.variant(name)
         if m <= v.max_m:
-            impls[f"gemm {name}"] = lambda x, w, b, name=name: kimi_router_ops.ll_bf16_gemm_with_variant(x, w, name)
+            impls[f"gemm {name}"] = lambda x, w, b, name=name: kimi_router_ops.router_gemm_with_variant(x, w, name)
     return impls
 
 
