@@ -19,21 +19,21 @@ namespace {
 // Shapes, devices and out_dtype: the part of the contract every GEMM op shares.
 void check_shapes(const Tensor& x, const Tensor& w, ScalarType out_dtype, const char* op) {
   KIMI_CHECK(x.dim() == 2, op, ": hidden_states must be 2-D [M, K], got shape ",
-                   x.sizes());
+             x.sizes());
   KIMI_CHECK(w.dim() == 2, op, ": router_weight must be 2-D [N, K], got shape ",
-                   w.sizes());
+             w.sizes());
   KIMI_CHECK(x.size(1) == w.size(1),
-                   op, ": hidden_states [M, K] and router_weight [N, K] must have the "
-                   "same K, got hidden_states ", x.sizes(), " and router_weight ", w.sizes());
+             op, ": hidden_states [M, K] and router_weight [N, K] must have the "
+             "same K, got hidden_states ", x.sizes(), " and router_weight ", w.sizes());
   KIMI_CHECK(x.size(1) > 0, op, ": K must be at least 1, got hidden_states ", x.sizes());
   KIMI_CHECK(w.size(0) > 0, op, ": router_weight must have N >= 1 rows, got ",
-                   w.sizes());
+             w.sizes());
   KIMI_CHECK(x.device() == w.device(),
              op, ": hidden_states and router_weight must be on the same device, got ",
              x.device(), " and ", w.device());
   KIMI_CHECK(out_dtype == kFloat || out_dtype == kBFloat16,
-                   op, ": out_dtype must be torch.float32 or torch.bfloat16, got ",
-                   dtype_name(out_dtype));
+             op, ": out_dtype must be torch.float32 or torch.bfloat16, got ",
+             dtype_name(out_dtype));
 }
 
 bool is_float_or_bf16(ScalarType t) { return t == kFloat || t == kBFloat16; }
@@ -42,9 +42,9 @@ bool is_float_or_bf16(ScalarType t) { return t == kFloat || t == kBFloat16; }
 
 void check_inputs(const Tensor& x, const Tensor& w, ScalarType out_dtype, const char* op) {
   KIMI_CHECK(x.scalar_type() == kBFloat16, op,
-                   ": hidden_states must be torch.bfloat16, got ", dtype_name(x.scalar_type()));
+             ": hidden_states must be torch.bfloat16, got ", dtype_name(x.scalar_type()));
   KIMI_CHECK(w.scalar_type() == kBFloat16, op,
-                   ": router_weight must be torch.bfloat16, got ", dtype_name(w.scalar_type()));
+             ": router_weight must be torch.bfloat16, got ", dtype_name(w.scalar_type()));
   check_shapes(x, w, out_dtype, op);
 }
 
@@ -154,11 +154,11 @@ Tensor router_gemm_with_variant_cpu(const Tensor& x, const Tensor& w, const std:
 std::string ll_bf16_gemm_variant(int64_t M, int64_t N, int64_t K, ScalarType out_dtype,
                                  int64_t sm, bool aligned, ScalarType weight_dtype) {
   KIMI_CHECK(M >= 0 && N >= 1 && K >= 1,
-                   "ll_bf16_gemm_variant: expected M >= 0, N >= 1, K >= 1, got M=", M, " N=", N,
-                   " K=", K);
+             "ll_bf16_gemm_variant: expected M >= 0, N >= 1, K >= 1, got M=", M, " N=", N,
+             " K=", K);
   KIMI_CHECK(out_dtype == kFloat || out_dtype == kBFloat16,
-                   "ll_bf16_gemm_variant: out_dtype must be torch.float32 or torch.bfloat16, got ",
-                   dtype_name(out_dtype));
+             "ll_bf16_gemm_variant: out_dtype must be torch.float32 or torch.bfloat16, got ",
+             dtype_name(out_dtype));
   KIMI_CHECK(is_float_or_bf16(weight_dtype),
              "ll_bf16_gemm_variant: weight_dtype must be torch.bfloat16 or torch.float32, got ",
              dtype_name(weight_dtype));

@@ -104,8 +104,8 @@ std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_
                                    const std::string& scoring, ScalarType weight_dtype,
                                    ScalarType x_dtype) {
   KIMI_CHECK(M >= 0 && N >= 1 && K >= 1,
-                   "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
-                   " N=", N, " K=", K);
+             "ll_bf16_router_variant: expected M >= 0, N >= 1, K >= 1, got M=", M,
+             " N=", N, " K=", K);
   // A problem the op rejects gets the op's error.
   const RoutingParams r = routing_params(kOp, top_k, n_group, topk_group, true, 1.0, scoring);
   check_routing_args(kOp, N, std::nullopt, "router_weight", std::nullopt, r);

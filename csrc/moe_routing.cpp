@@ -55,24 +55,24 @@ void check_routing_args(const char* op, int64_t N, const std::optional<Device>& 
   const int64_t top_k = r.top_k, n_group = r.n_group, topk_group = r.topk_group;
   const Scoring scoring = r.scoring;
   KIMI_CHECK(n_group >= 1 && N % n_group == 0, op,
-                   ": n_group must divide the number of experts, got n_group=", n_group,
-                   " and N=", N);
+             ": n_group must divide the number of experts, got n_group=", n_group,
+             " and N=", N);
   KIMI_CHECK(topk_group >= 1 && topk_group <= n_group, op,
-                   ": topk_group must be in [1, n_group=", n_group, "], got ", topk_group);
+             ": topk_group must be in [1, n_group=", n_group, "], got ", topk_group);
   KIMI_CHECK(n_group == 1 || N / n_group >= 2 || scoring == Scoring::kSoftmax, op,
-                   ": with n_group > 1 and sigmoid scoring each group needs at least 2 experts "
-                   "(a group's score is the sum of its two best), got N=", N, " and n_group=",
-                   n_group);
+             ": with n_group > 1 and sigmoid scoring each group needs at least 2 experts "
+             "(a group's score is the sum of its two best), got N=", N, " and n_group=",
+             n_group);
   const int64_t kept = topk_group * (N / n_group);
   KIMI_CHECK(top_k >= 1 && top_k <= kept, op,
-                   ": top_k must be in [1, experts in the kept groups=", kept, "], got ", top_k);
+             ": top_k must be in [1, experts in the kept groups=", kept, "], got ", top_k);
   if (bias.has_value()) {
     const Tensor& b = *bias;
     KIMI_CHECK(b.scalar_type() == kFloat || b.scalar_type() == kBFloat16, op,
-                     ": e_score_correction_bias must be torch.float32 or torch.bfloat16, got ",
-                     dtype_name(b.scalar_type()));
+               ": e_score_correction_bias must be torch.float32 or torch.bfloat16, got ",
+               dtype_name(b.scalar_type()));
     KIMI_CHECK(b.dim() == 1 && b.size(0) == N, op,
-                     ": e_score_correction_bias must have shape [N]=[", N, "], got ", b.sizes());
+               ": e_score_correction_bias must have shape [N]=[", N, "], got ", b.sizes());
     KIMI_CHECK(!device.has_value() || b.device() == *device, op,
                ": e_score_correction_bias must be on the device of ", device_of, ", got ",
                b.device(), " and ", *device);
@@ -92,12 +92,12 @@ constexpr const char* kOp = "moe_routing";
 void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias,
                               const RoutingParams& r) {
   KIMI_CHECK(logits.scalar_type() == kFloat || logits.scalar_type() == kBFloat16, kOp,
-                   ": logits must be torch.float32 or torch.bfloat16, got ",
-                   dtype_name(logits.scalar_type()));
+             ": logits must be torch.float32 or torch.bfloat16, got ",
+             dtype_name(logits.scalar_type()));
   KIMI_CHECK(logits.dim() == 2, kOp, ": logits must be 2-D [M, N], got shape ",
-                   logits.sizes());
+             logits.sizes());
   KIMI_CHECK(logits.size(1) >= 1, kOp, ": logits must have N >= 1 experts, got shape ",
-                   logits.sizes());
+             logits.sizes());
   check_routing_args(kOp, logits.size(1), logits.device(), "logits", bias, r);
 }
 

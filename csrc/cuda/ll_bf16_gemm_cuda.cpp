@@ -1,5 +1,5 @@
 // CUDA implementation: validate, choose the kernel, launch it on the current stream.
-// The kernels were compiled ahead of time (kimi_router_ops/aot.py); nothing compiles here.
+// The kernels were compiled ahead of time (kimi_router_ops.aot); nothing compiles here.
 
 #include "kernel_support.h"
 #include "../ll_bf16_gemm.h"
@@ -79,7 +79,7 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
                row->name, " takes ", dtype_name(row->weight_dtype), " router_weight, got ",
                dtype_name(w.scalar_type()));
     KIMI_CHECK(M <= row->max_m, "router_gemm_with_variant: variant ", row->name,
-                     " handles M <= ", row->max_m, ", got M = ", M);
+               " handles M <= ", row->max_m, ", got M = ", M);
     KIMI_CHECK(kernels_support(sm, N, K), "router_gemm_with_variant: no kernels for sm_", sm,
                " or for N=", N, " K=", K);
     KIMI_CHECK(vec16 || row->scalar_loads, "router_gemm_with_variant: variant ", row->name,

@@ -40,7 +40,7 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   if (row != nullptr) {
     const std::string misfit = router_row_misfit(*forced, problem, routing);
     KIMI_CHECK(misfit.empty(), "router_with_variant: variant ", forced->name, " ",
-                     misfit);
+               misfit);
   } else if (M > 0) {
     row = choose_router(problem, routing);
   }
