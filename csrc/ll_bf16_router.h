@@ -34,6 +34,16 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
 // The router table row called `name`; an error listing the valid names if there is none.
 const RouterRow& router_row_by_name(const std::string& name);
 
+#ifdef KIMI_WITH_CUDA
+// The router of CUDA inputs on the current stream (checked here, as `op`'s contract): the
+// named row `forced`, or nullptr for the automatic choice (csrc/cuda/ll_bf16_router_cuda.cpp).
+std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow* forced,
+                                                const Tensor& x, const Tensor& w,
+                                                const OptionalTensor& bias,
+                                                const OptionalTensor& gate_bias,
+                                                const RoutingParams& routing);
+#endif
+
 // The three router ops over one implementation, Route(op, named row or nullptr, x, w, bias,
 // gate_bias, routing): the CPU's reference or the CUDA dispatch. `op` names the op whose
 // contract applies (check_router_inputs).

@@ -117,6 +117,25 @@ def router_with_variant(hidden_states: Tensor, router_weight: Tensor, e_score_co
                                             gate_bias)
 
 
+def router_and_projection(hidden_states: Tensor, router_weight: Tensor, projection_weight: Tensor,
+                          e_score_correction_bias: Tensor | None, top_k: int, n_group: int = 1,
+                          topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
+                          scoring: str = "sigmoid",
+                          gate_bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`router` and a second projection of the same tokens, one weight stream for both:
+    Kimi-K3's gate and its latent MoE's down-projection, which read the same AttnRes output.
+
+    Returns (topk_weights, topk_ids, logits) exactly as `router(hidden_states, router_weight,
+    ...)` and projection = hidden_states @ projection_weight^T, bf16 [M, L] (fp32 products and
+    sums, one rounding). hidden_states and projection_weight [L, K] are bf16. On sm_90 /
+    sm_100 at M <= 16 (bf16 gate, 16-byte aligned rows) one kernel streams both weights,
+    loading its first step before the PDL wait, then the routing kernel; elsewhere the router
+    op and the GEMM op."""
+    return _ops.router_and_projection.default(hidden_states, router_weight, projection_weight,
+                                              e_score_correction_bias, top_k, n_group, topk_group, renormalize,
+                                              routed_scaling_factor, scoring, gate_bias)
+
+
 def chosen_router_variant(M: int, N: int, K: int, top_k: int, n_group: int = 1, topk_group: int = 1, sm: int = 90,
                           aligned: bool = True, scoring: str = "sigmoid", weight_dtype: torch.dtype = torch.bfloat16,
                           x_dtype: torch.dtype = torch.bfloat16) -> str:
@@ -191,6 +210,10 @@ def _router_fake(x, w, bias, top_k, *args, **kwargs):
     return (*_choice(x, _rows(x), top_k), _logits(x, w))
 
 
+def _router_projection_fake(x, w, p, bias, top_k, *args, **kwargs):
+    return (*_router_fake(x, w, bias, top_k), x.new_empty((_rows(x), _rows(p)), dtype=torch.bfloat16))
+
+
 def _norm_output(x):
     return x.new_empty((_rows(x), x.shape[-1] if x.dim() else 1), dtype=torch.bfloat16)
 
@@ -201,6 +224,7 @@ _fake("kimi::router_gemm")(lambda x, w, bias=None, out_dtype=torch.float32, **_:
 _fake("kimi::router_gemm_with_variant")(lambda x, w, variant, out_dtype=torch.float32, **_: _logits(x, w, out_dtype))
 for _op in ("ll_bf16_router", "router_with_variant", "router"):
     _fake(f"kimi::{_op}")(_router_fake)
+_fake("kimi::router_and_projection")(_router_projection_fake)
 _fake("kimi::moe_routing")(lambda logits, bias, top_k, *args, **kwargs: _choice(logits, _rows(logits), top_k))
 _fake("kimi::rms_norm")(lambda x, *args, **kwargs: _norm_output(x))
 _fake("kimi::fused_add_rms_norm")(lambda x, *args, **kwargs: (_norm_output(x), _norm_output(x)))
@@ -235,6 +259,7 @@ for _op in ("ll_bf16_gemm", "router_gemm"):
 # The other ops pick discrete experts or serve inference only: no derivative. A fallthrough
 # skips autograd at no cost per call; their outputs do not require grad.
 _autograd_lib = torch.library.Library("kimi", "IMPL")
-for _op in ("router_gemm_with_variant", "ll_bf16_router", "router_with_variant", "router", "moe_routing",
+for _op in ("router_gemm_with_variant", "ll_bf16_router", "router_with_variant", "router", "router_and_projection",
+            "moe_routing",
             "rms_norm", "fused_add_rms_norm", "attn_res"):
     _autograd_lib.impl(_op, torch.library.fallthrough_kernel, "Autograd")

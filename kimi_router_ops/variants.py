@@ -324,6 +324,24 @@ def _m_range(row, n_max):
 ROUTER_VARIANTS = _router_rows(ROUTER_GEMMS)
 
 
+class ProjectionGemm(NamedTuple):
+    """The gate and a second bf16 projection of the same tokens in one grid
+    (kernels/gate_projection.py, the `router_and_projection` op): the GEMM row `gemm` runs
+    both, chosen for m_lo <= M <= m_hi (bf16 tokens and weights); the routing follows as the
+    routing op's kernel. Each row is the GEMM op's row for the same M (Kimi-K3's N and K)."""
+
+    gemm: str  # a row of VARIANTS
+    m_lo: int
+    m_hi: int
+
+
+PROJECTION_GEMMS = (
+    ProjectionGemm("m1_prefetch_r4_t256", 1, 1),
+    ProjectionGemm("mma8_t2c4w8u7", 2, 8),
+    ProjectionGemm("mma16_t2c4w8u7", 9, 16),
+)
+
+
 @dataclass(frozen=True)
 class NormKernel:
     """A PDL-launched RMSNorm (kernels/rms_norm.py): `op` is rms_norm or fused_add_rms_norm;

@@ -34,6 +34,8 @@ def ops_on(layout, device):
     return {
         "ll_bf16_gemm": (torch.ops.kimi.ll_bf16_gemm.default, (x, w, torch.float32)),
         "ll_bf16_router": (torch.ops.kimi.ll_bf16_router.default, (x, w, bias, 4, 4, 2, True, 2.5)),
+        "router_and_projection": (torch.ops.kimi.router_and_projection.default,
+                                  (x, w, layouts(24, 64, torch.bfloat16, device)[layout], bias, 4, 4, 2, True, 2.5)),
         "moe_routing": (torch.ops.kimi.moe_routing.default, (logits, bias, 4, 4, 2, True, 2.5)),
         "rms_norm": (torch.ops.kimi.rms_norm.default, (x, weight, 1e-6)),
         "fused_add_rms_norm": (torch.ops.kimi.fused_add_rms_norm.default, (x, residual, weight, 1e-6)),
@@ -42,7 +44,8 @@ def ops_on(layout, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["transposed", "offset", "expanded"])
-@pytest.mark.parametrize("op", ["ll_bf16_gemm", "ll_bf16_router", "moe_routing", "rms_norm", "fused_add_rms_norm"])
+@pytest.mark.parametrize("op", ["ll_bf16_gemm", "ll_bf16_router", "router_and_projection", "moe_routing", "rms_norm",
+                                "fused_add_rms_norm"])
 def test_opcheck(device, layout, op):
     fn, args = ops_on(layout, device)[op]
     torch.library.opcheck(fn, args)
@@ -50,7 +53,8 @@ def test_opcheck(device, layout, op):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["transposed", "offset"])
-@pytest.mark.parametrize("op", ["ll_bf16_gemm", "ll_bf16_router", "moe_routing", "rms_norm", "fused_add_rms_norm"])
+@pytest.mark.parametrize("op", ["ll_bf16_gemm", "ll_bf16_router", "router_and_projection", "moe_routing", "rms_norm",
+                                "fused_add_rms_norm"])
 def test_compile_parity(device, layout, op):
     torch._dynamo.reset()
     fn, args = ops_on(layout, device)[op]

@@ -3,7 +3,7 @@
 # elsewhere (KIMI_ROUTER_OPS_AOT_DIR, default build/aot), then run the given steps.
 #   tools/device_run.sh [test] [main] [example] [bench] [bench-quick] [bench-decode] [chain]
 #                       [router] [router-decode] [example-tf] [sanitize] [sweep] [ksweep]
-#                       [precisions] [precisions-candidates] [test-some]
+#                       [precisions] [precisions-candidates] [test-some] [front]
 # Logs and results go to $OUT (or ./device-out).
 set -uo pipefail
 out=${OUT:-device-out}
@@ -31,6 +31,7 @@ for step in "$@"; do
     example) { python3 examples/moe_router.py && python3 examples/moe_router.py --model kimi-k2 --tokens 4; } 2>&1 | tee "$out/example.log" || status=1 ;;
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
+    front) python3 -m kimi_router_ops.bench.front --out "$out" 2>&1 | tail -40 || status=1 ;;
     chain) python3 -m kimi_router_ops.bench.chain --out "$out" 2>&1 | tail -20 || status=1 ;;
     router) python3 -m kimi_router_ops.bench.router --out "$out" 2>&1 | tail -20 || status=1 ;;
     router-decode) python3 -m kimi_router_ops.bench.router --out "$out" --m 1 2 4 8 16 2>&1 | tail -40 || status=1 ;;

@@ -1,5 +1,5 @@
 """Every kernel variant over odd shapes, every fused router row, the routing op's kernels,
-the norm kernels and the AttnRes kernel, for compute-sanitizer
+the gate-and-projection kernels, the norm kernels and the AttnRes kernel, for compute-sanitizer
 (tools/device_run.sh sanitize).
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 tools/sanitize.py
@@ -124,6 +124,22 @@ def main():
                 ref_logits = x.double() @ w.double().t() + b.double()
                 check_routing(f"router gate_bias m={m} {w_dtype} {x_dtype}", weights, ids,
                               reference_routing(ref_logits, None, 4, 1, 1, True, 1.0, "softmax"), 4, 1)
+                calls += 2
+    if re.search(args.only, "projection"):
+        # router_and_projection: every Projection row (a partial last tile of N and L, K one
+        # vector past a step) and Kimi-K3's front.
+        for m in (1, 5, 8, 16):
+            for n, latent, k in ((17, 40, 1032), (896, 3584, 7168)):
+                x = torch.randn(m, k).to(torch.bfloat16)
+                w, p = ((torch.randn(rows, k) * k ** -0.5).to(torch.bfloat16) for rows in (n, latent))
+                weights, ids, logits, proj = kimi_router_ops.router_and_projection(x.cuda(), w.cuda(), p.cuda(), None, 4)
+                worst = max(worst, dot_error(logits.cpu(), x, w))
+                exact = x.double() @ p.double().t()
+                if not ((proj.cpu().double() - exact).abs() <= exact.abs() * 2.0**-8 + 1e-3).all():
+                    print(f"router_and_projection m={m} n={n} l={latent}: projection differs from the reference")
+                    sys.exit(1)
+                check_routing(f"router_and_projection m={m} n={n}", weights, ids,
+                              reference_routing(x.double() @ w.double().t(), None, 4, 1, 1, True, 1.0, "sigmoid"), 4, 1)
                 calls += 2
     if re.search(args.only, "norm"):
         for m, k in NORM_SHAPES:

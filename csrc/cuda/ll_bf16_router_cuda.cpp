@@ -20,8 +20,8 @@ const RouterKernel& router_kernel(const RouterRow& row, ScalarType bias_dtype, i
   return *kernel;
 }
 
-// `forced`: the row named by router_with_variant, or nullptr for the automatic choice.
-// `op` names the op whose contract applies (check_router_inputs).
+}  // namespace
+
 std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow* forced,
                                                 const Tensor& x_in, const Tensor& w_in,
                                                 const OptionalTensor& bias_in,
@@ -75,8 +75,6 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   launch_kernel(kRouterKernels, kernel, args, device, stream);
   return {weights, ids, logits};
 }
-
-}  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) { RouterOps<route_on_gpu>::impl(m); }
 

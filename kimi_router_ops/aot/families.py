@@ -179,6 +179,23 @@ def _compile_router(k):
     return router_object(k.row), tensors
 
 
+# -- the gate and a projection -------------------------------------------------------------
+
+
+def _projection_kernels(arch, sm):
+    return [Kernel("Projection", row, arch, sm, f"kimi_projection_{row.gemm}_{arch}") for row in v.PROJECTION_GEMMS]
+
+
+def _compile_projection(k):
+    from ..kernels.gate_projection import GateProjection
+
+    tensors = _gemm_tensors(8, "bfloat16", "bfloat16", "float32")
+    tensors["logits"] = tensors.pop("out")
+    projection = _gemm_tensors(8, "bfloat16", "bfloat16", "bfloat16")
+    tensors.update(p=projection["w"], projection=projection["out"])
+    return GateProjection(gemm_object(v.variant(k.row.gemm), 8)), tensors
+
+
 # -- routing --------------------------------------------------------------------------------
 
 
@@ -268,6 +285,9 @@ FAMILIES = (
            (("int", "router", lambda k: _index(v.ROUTER_VARIANTS, k.row)),
             ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.bias_dtype])),
            _router_kernels, _compile_router),
+    Family("Projection", _params("x w gate_bias logits p projection:tensor has_gate_bias:int32"),
+           (("int", "m_lo", lambda k: str(k.row.m_lo)), ("int", "m_hi", lambda k: str(k.row.m_hi))),
+           _projection_kernels, _compile_projection),
     Family("Routing", _params("logits bias weights ids:tensor routing:routing"),
            (("int", "n_min", lambda k: str(k.row.n_min)), ("int", "n_max", lambda k: str(k.row.n_max)),
             ("c10::ScalarType", "logits_dtype", lambda k: SCALAR_TYPES[k.row.logits_dtype]),

@@ -21,9 +21,11 @@ def strided_columns(s, tidx, kv_count, threads: int, unroll: int):
 class RouterGemm:
     """A router GEMM kernel (the dot product, the tensor cores): out = x w^T (+ gate bias).
     A subclass gives vector_views, launch_shape and body(xv, wv, gate_bias, out,
-    has_gate_bias, handoff=None, scoring=None): the whole GEMM, which the fused router runs
-    too, passing a handoff buffer (kernels/handoff.py) to publish every logit in as well and
-    the routing's scoring (not sigmoid: it publishes logits, not sigmoid scores)."""
+    has_gate_bias, handoff=None, scoring=None, expert_block=None): the whole GEMM, which the
+    fused router runs too, passing a handoff buffer (kernels/handoff.py) to publish every
+    logit in as well and the routing's scoring (not sigmoid: it publishes logits, not sigmoid
+    scores), and the gate-and-projection kernel, passing the block index along
+    `expert_axis` (of `experts_per_cta()` experts) that the body takes for its own."""
 
     def _meet_the_kernel_before(self, prefetch: bool, pdl: bool, trigger: str):
         """Weights loaded before the PDL wait (prefetch), a PDL launch, and where the next

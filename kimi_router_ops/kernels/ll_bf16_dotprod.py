@@ -62,6 +62,12 @@ class LLBf16Dotprod(RouterGemm):
         # Vector views [rows, (vec, K / vec)]: K % vec == 0 is this variant's contract.
         return cute.logical_divide(x, (None, self.vec)), cute.logical_divide(w, (None, self.vec))
 
+    # The grid axis along which CTAs take experts, and how many a CTA takes.
+    expert_axis = 0
+
+    def experts_per_cta(self) -> int:
+        return self.rows_per_cta
+
     def launch_shape(self, n, m):  # m: up to max_m, one CTA's tokens
         """Grid, block and shared memory for N experts (the fused router reuses it)."""
         tiles = (m + self.max_m - 1) // self.max_m if self.token_tiles else 1
@@ -88,13 +94,15 @@ class LLBf16Dotprod(RouterGemm):
 
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
-             has_gate_bias: Int32, handoff=None, scoring=None):
+             has_gate_bias: Int32, handoff=None, scoring=None, expert_block=None):
         # Compile-time values.
         max_m, rows, unroll, vec = self.max_m, self.rows_per_cta, self.unroll, self.vec
         threads, num_warps = self.threads, self.num_warps
 
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        if const_expr(expert_block is not None):
+            bidx = expert_block  # another grid's block index (kernels/gate_projection.py)
         lane = cute.arch.lane_idx()
         warp = cute.arch.warp_idx()
 

@@ -92,6 +92,12 @@ class LLBf16Mma(RouterGemm):
     def vector_views(self, x, w):
         return cute.logical_divide(x, (None, 8)), cute.logical_divide(w, (None, 8))
 
+    # The grid axis along which clusters take expert tiles, and how many experts a tile has.
+    expert_axis = 1
+
+    def experts_per_cta(self) -> int:
+        return self.experts
+
     def launch_shape(self, n, m):
         """Grid, block, cluster and shared memory for N experts and M tokens (the fused router
         reuses it)."""
@@ -157,13 +163,15 @@ class LLBf16Mma(RouterGemm):
 
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
-             has_gate_bias: Int32, handoff=None, scoring=None):
+             has_gate_bias: Int32, handoff=None, scoring=None, expert_block=None):
         # Compile-time values.
         unroll, tiles, token_blocks, warps = self.unroll, self.tiles, self.token_blocks, self.warps
         threads, experts, outputs, cluster_k = self.threads, self.experts, self.outputs, self.cluster_k
 
         tidx, _, _ = cute.arch.thread_idx()
         rank, tile, token_tile = cute.arch.block_idx()  # grid x = the cluster: rank in it
+        if const_expr(expert_block is not None):
+            tile = expert_block  # another grid's block index (kernels/gate_projection.py)
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         g = lane // 4

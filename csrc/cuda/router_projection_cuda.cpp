@@ -1,0 +1,65 @@
+// CUDA implementation of router_and_projection: the gate and the projection in one grid (a
+// Projection kernel), then the routing op's kernel, which waits on it through PDL; where no
+// Projection kernel serves the problem, the router op's dispatch and the GEMM op's.
+
+#include "kernel_support.h"
+#include "../ll_bf16_gemm.h"
+#include "../ll_bf16_router.h"
+#include "../router_projection.h"
+
+namespace kimi {
+
+namespace {
+
+// The Projection kernel for M tokens on compute capability sm, or nullptr.
+const ProjectionKernel* projection_kernel(int64_t M, int sm) {
+  return find_kernel(kProjectionKernels, sm,
+                     [M](const ProjectionKernel& k) { return k.m_lo <= M && M <= k.m_hi; });
+}
+
+RouterProjectionOutputs router_projection_cuda(const Tensor& x_in, const Tensor& w_in,
+                                               const Tensor& p_in, const OptionalTensor& bias,
+                                               const OptionalTensor& gate_bias,
+                                               const RoutingParams& routing) {
+  check_projection_inputs(x_in, w_in, p_in, bias, gate_bias, routing);
+  const DeviceGuard guard(x_in.get_device_index());
+  const Tensor x = unit_inner_stride(x_in);
+  const Tensor w = unit_inner_stride(w_in);
+  const Tensor p = unit_inner_stride(p_in);
+  const int64_t M = x.size(0), N = w.size(0), L = p.size(0), K = x.size(1);
+  const int device = x.get_device_index();
+  const int sm = device_sm(device);
+  const ProjectionKernel* kernel =
+      M == 0 || w.scalar_type() != kBFloat16 || !kernels_support(sm, std::max(N, L), K) ||
+              !vec16_ok(x, w) || !vec16_ok(x, p)
+          ? nullptr
+          : projection_kernel(M, sm);
+  if (kernel == nullptr) {
+    auto [weights, ids, logits] = route_on_gpu(kRouterAndProjection, nullptr, x, w, bias,
+                                               gate_bias, routing);
+    return {weights, ids, logits, gemm_on_gpu(x, p, std::nullopt, kBFloat16)};
+  }
+  Tensor logits = empty_on(x, {M, N}, kFloat);
+  Tensor projection = empty_on(x, {M, L}, kBFloat16);
+  // Without a gate bias the kernel runs with has_gate_bias = 0 and never reads the stand-in.
+  const Tensor gate = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
+  ProjectionArgs args{};
+  args.x = matrix_arg(x);
+  args.w = matrix_arg(w);
+  args.gate_bias = row_arg(gate, N);
+  args.logits = matrix_arg(logits);
+  args.p = matrix_arg(p);
+  args.projection = matrix_arg(projection);
+  args.has_gate_bias = gate_bias.has_value();
+  launch_kernel(kProjectionKernels, *kernel, args, device, current_stream(device));
+  auto [weights, ids] = moe_routing_on_gpu(logits, bias, routing);
+  return {weights, ids, logits, projection};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
+  m.impl("router_and_projection", TORCH_BOX(&RouterProjectionOp<router_projection_cuda>::call));
+}
+
+}  // namespace kimi
