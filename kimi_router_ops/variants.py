@@ -324,21 +324,37 @@ def _m_range(row, n_max):
 ROUTER_VARIANTS = _router_rows(ROUTER_GEMMS)
 
 
-class ProjectionGemm(NamedTuple):
-    """The gate and a second bf16 projection of the same tokens in one grid
-    (kernels/gate_projection.py, the `router_and_projection` op): the GEMM row `gemm` runs
-    both, chosen for m_lo <= M <= m_hi (bf16 tokens and weights); the routing follows as the
-    routing op's kernel. Each row is the GEMM op's row for the same M (Kimi-K3's N and K)."""
+@dataclass(frozen=True)
+class ProjectionKernel:
+    """The gate and a second bf16 projection of the same tokens in one persistent grid
+    (kernels/gate_projection.py, the `router_and_projection` op), for m_lo <= M <= m_hi (bf16
+    tokens and weights, K <= 8 * threads * unroll); the routing follows as the routing op's
+    kernel. `ctas_per_sm` CTAs an SM, tiles of `rows` rows, `unroll` 16-byte vectors a thread
+    (all of K at once)."""
 
-    gemm: str  # a row of VARIANTS
+    name: str
     m_lo: int
     m_hi: int
+    rows: int
+    unroll: int = 4
+    threads: int = 256
+    ctas_per_sm: int = 2
+
+    @property
+    def max_k(self) -> int:
+        return 8 * self.threads * self.unroll
 
 
-PROJECTION_GEMMS = (
-    ProjectionGemm("m1_prefetch_r4_t256", 1, 1),
-    ProjectionGemm("mma8_t2c4w8u7", 2, 8),
-    ProjectionGemm("mma16_t2c4w8u7", 9, 16),
+PROJECTION_KERNELS = (
+    ProjectionKernel("proj_m1_r2", 1, 1, rows=2),
+    ProjectionKernel("proj_m1_r4", 1, 1, rows=4, ctas_per_sm=1),
+    ProjectionKernel("proj_m1_r1", 1, 1, rows=1, ctas_per_sm=3),
+    ProjectionKernel("proj_m2_r2", 2, 2, rows=2),
+    ProjectionKernel("proj_m4_r2", 3, 4, rows=2),
+    ProjectionKernel("proj_m8_r2", 5, 8, rows=2),
+    ProjectionKernel("proj_m8_r1", 5, 8, rows=1),
+    ProjectionKernel("proj_m16_r1", 9, 16, rows=1),
+    ProjectionKernel("proj_m16_r2", 9, 16, rows=2, ctas_per_sm=1),
 )
 
 

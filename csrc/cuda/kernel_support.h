@@ -41,6 +41,18 @@ inline int device_sm(int device) {
   return sm[device];
 }
 
+// Streaming multiprocessors of a device; asked of the runtime once per device.
+inline int device_sm_count(int device) {
+  static int count[kMaxDevices];
+  static std::once_flag once[kMaxDevices];
+  check_device_index(device);
+  std::call_once(once[device], [device] {
+    check_cuda(cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device),
+               "querying", "the SM count");
+  });
+  return count[device];
+}
+
 // torch's current stream on `device`.
 inline cudaStream_t current_stream(int device) {
   void* stream = nullptr;

@@ -2,6 +2,9 @@
 // Projection kernel), then the routing op's kernel, which waits on it through PDL; where no
 // Projection kernel serves the problem, the router op's dispatch and the GEMM op's.
 
+#include <cstdlib>
+#include <cstring>
+
 #include "kernel_support.h"
 #include "../ll_bf16_gemm.h"
 #include "../ll_bf16_router.h"
@@ -11,10 +14,13 @@ namespace kimi {
 
 namespace {
 
-// The Projection kernel for M tokens on compute capability sm, or nullptr.
-const ProjectionKernel* projection_kernel(int64_t M, int sm) {
-  return find_kernel(kProjectionKernels, sm,
-                     [M](const ProjectionKernel& k) { return k.m_lo <= M && M <= k.m_hi; });
+// The Projection kernel for M tokens and K on compute capability sm, or nullptr.
+const ProjectionKernel* projection_kernel(int64_t M, int64_t K, int sm) {
+  const char* forced = std::getenv("KIMI_PROJECTION_ROW");  // candidate sweep (temporary)
+  return find_kernel(kProjectionKernels, sm, [&](const ProjectionKernel& k) {
+    return k.m_lo <= M && M <= k.m_hi && K <= k.max_k &&
+           (forced == nullptr || std::strstr(k.symbol, forced) != nullptr);
+  });
 }
 
 RouterProjectionOutputs router_projection_cuda(const Tensor& x_in, const Tensor& w_in,
@@ -33,7 +39,7 @@ RouterProjectionOutputs router_projection_cuda(const Tensor& x_in, const Tensor&
       M == 0 || w.scalar_type() != kBFloat16 || !kernels_support(sm, std::max(N, L), K) ||
               !vec16_ok(x, w) || !vec16_ok(x, p)
           ? nullptr
-          : projection_kernel(M, sm);
+          : projection_kernel(M, K, sm);
   if (kernel == nullptr) {
     auto [weights, ids, logits] = route_on_gpu(kRouterAndProjection, nullptr, x, w, bias,
                                                gate_bias, routing);
@@ -51,6 +57,7 @@ RouterProjectionOutputs router_projection_cuda(const Tensor& x_in, const Tensor&
   args.p = matrix_arg(p);
   args.projection = matrix_arg(projection);
   args.has_gate_bias = gate_bias.has_value();
+  args.ctas = kernel->ctas_per_sm * device_sm_count(device);
   launch_kernel(kProjectionKernels, *kernel, args, device, current_stream(device));
   auto [weights, ids] = moe_routing_on_gpu(logits, bias, routing);
   return {weights, ids, logits, projection};

@@ -183,7 +183,7 @@ def _compile_router(k):
 
 
 def _projection_kernels(arch, sm):
-    return [Kernel("Projection", row, arch, sm, f"kimi_projection_{row.gemm}_{arch}") for row in v.PROJECTION_GEMMS]
+    return [Kernel("Projection", row, arch, sm, f"kimi_{row.name}_{arch}") for row in v.PROJECTION_KERNELS]
 
 
 def _compile_projection(k):
@@ -193,7 +193,8 @@ def _compile_projection(k):
     tensors["logits"] = tensors.pop("out")
     projection = _gemm_tensors(8, "bfloat16", "bfloat16", "bfloat16")
     tensors.update(p=projection["w"], projection=projection["out"])
-    return GateProjection(gemm_object(v.variant(k.row.gemm), 8)), tensors
+    row = k.row
+    return GateProjection(row.m_hi, row.rows, row.unroll, row.threads, row.ctas_per_sm), tensors
 
 
 # -- routing --------------------------------------------------------------------------------
@@ -285,8 +286,9 @@ FAMILIES = (
            (("int", "router", lambda k: _index(v.ROUTER_VARIANTS, k.row)),
             ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.bias_dtype])),
            _router_kernels, _compile_router),
-    Family("Projection", _params("x w gate_bias logits p projection:tensor has_gate_bias:int32"),
-           (("int", "m_lo", lambda k: str(k.row.m_lo)), ("int", "m_hi", lambda k: str(k.row.m_hi))),
+    Family("Projection", _params("x w gate_bias logits p projection:tensor has_gate_bias ctas:int32"),
+           (("int", "m_lo", lambda k: str(k.row.m_lo)), ("int", "m_hi", lambda k: str(k.row.m_hi)),
+            ("int", "ctas_per_sm", lambda k: str(k.row.ctas_per_sm)), ("int64_t", "max_k", lambda k: str(k.row.max_k))),
            _projection_kernels, _compile_projection),
     Family("Routing", _params("logits bias weights ids:tensor routing:routing"),
            (("int", "n_min", lambda k: str(k.row.n_min)), ("int", "n_max", lambda k: str(k.row.n_max)),

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
+from kimi_router_ops import variants
 from .gemm import git_commit, parse_bench_args, save_report, two_way_markdown
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us
 
@@ -81,7 +82,7 @@ def fronts(m, side, gate=None):
     return out
 
 
-def run(m_list, replays):
+def run(m_list, replays, candidates=False):
     layer_us, after_layer_us = after_layer_timer(replays)
     bf = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
     weights = []
@@ -107,12 +108,23 @@ def run(m_list, replays):
         for name, front in fronts(m, side, gate).items():
             record(m, "attn_res", name, [lambda ws=ws, f=front: f(attn_res(), ws) for ws in weights])
         record(m, "none", "cuBLAS projection alone", [lambda ws=ws: F.linear(hidden, ws[1]) for ws in weights])
+        record(m, "none", "torch.sum over the same 64 MB", [lambda ws=ws: ws[2].sum() for ws in weights])
         record(m, "none", "router alone", [lambda ws=ws: kimi_router_ops.router(hidden, ws[0], ws[3], top_k=TOP_K)
                                            for ws in weights])
         record(m, "none", "router_and_projection", [
             lambda ws=ws: kimi_router_ops.router_and_projection(hidden, ws[0], ws[1], ws[3], TOP_K)
             for ws in weights])
         record(m, "attn_res", "attn_res alone", [attn_res] * AFTER_LAYER_CALLS)
+        for row in (variants.PROJECTION_KERNELS if candidates else ()):
+            if row.m_lo <= m <= row.m_hi:
+                os.environ["KIMI_PROJECTION_ROW"] = row.name
+                record(m, "none", f"candidate {row.name}", [
+                    lambda ws=ws: kimi_router_ops.router_and_projection(hidden, ws[0], ws[1], ws[3], TOP_K)
+                    for ws in weights])
+                record(m, "attn_res", f"candidate {row.name}", [
+                    lambda ws=ws: kimi_router_ops.router_and_projection(attn_res(), ws[0], ws[1], ws[3], TOP_K)
+                    for ws in weights])
+                del os.environ["KIMI_PROJECTION_ROW"]
     return results, layer_us
 
 
@@ -126,8 +138,9 @@ def markdown(report):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
+    parser.add_argument("--candidates", action="store_true", help="every Projection kernel for each M")
     args = parse_bench_args(parser)
-    results, layer_us = run(args.m, args.replays)
+    results, layer_us = run(args.m, args.replays, args.candidates)
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
