@@ -128,9 +128,9 @@ def router_and_projection(hidden_states: Tensor, router_weight: Tensor, projecti
     Returns (topk_weights, topk_ids, logits) exactly as `router(hidden_states, router_weight,
     ...)` and projection = hidden_states @ projection_weight^T, bf16 [M, L] (fp32 products and
     sums, one rounding). hidden_states and projection_weight [L, K] are bf16. On sm_90 /
-    sm_100 at M <= 16 (bf16 gate, 16-byte aligned rows) one kernel streams both weights,
-    loading its first step before the PDL wait, then the routing kernel; elsewhere the router
-    op and the GEMM op."""
+    sm_100 at M <= 2 (bf16 gate, K <= 8192, 16-byte aligned rows) one persistent kernel
+    streams both weights, its first tile loaded before the PDL wait, then the routing
+    kernel; elsewhere the router op, then the GEMM op."""
     return _ops.router_and_projection.default(hidden_states, router_weight, projection_weight,
                                               e_score_correction_bias, top_k, n_group, topk_group, renormalize,
                                               routed_scaling_factor, scoring, gate_bias)

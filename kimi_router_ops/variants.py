@@ -345,16 +345,12 @@ class ProjectionKernel:
         return 8 * self.threads * self.unroll
 
 
+# Each the fastest of the candidates measured on an H200 for Kimi-K3's front (N 896 + L 3584,
+# K 7168; docs/benchmarks.md). Above M = 2 the CUDA-core products bound the stream (M = 4:
+# 38 us against 25 at M = 1): the router op and the GEMM op serve M >= 3.
 PROJECTION_KERNELS = (
-    ProjectionKernel("proj_m1_r2", 1, 1, rows=2),
-    ProjectionKernel("proj_m1_r4", 1, 1, rows=4, ctas_per_sm=1),
     ProjectionKernel("proj_m1_r1", 1, 1, rows=1, ctas_per_sm=3),
     ProjectionKernel("proj_m2_r2", 2, 2, rows=2),
-    ProjectionKernel("proj_m4_r2", 3, 4, rows=2),
-    ProjectionKernel("proj_m8_r2", 5, 8, rows=2),
-    ProjectionKernel("proj_m8_r1", 5, 8, rows=1),
-    ProjectionKernel("proj_m16_r1", 9, 16, rows=1),
-    ProjectionKernel("proj_m16_r2", 9, 16, rows=2, ctas_per_sm=1),
 )
 
 

@@ -39,7 +39,7 @@ def check(out, x, w, p, bias, top_k, n_group=1, topk_group=1, renormalize=True, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16, 17, 40])  # every kernel row, then the two-op path
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 16, 40])  # every kernel row, then the two-op path
 def test_kimi_k3_front(device, m):
     s = KIMI_K3
     x, w, p, bias = projection_case(m, s["n"], s["k"], s["latent"], s["top_k"], device=device, seed=m)
@@ -135,7 +135,7 @@ def test_projection_on_another_device_is_an_error():
 
 
 @requires_kernel_gpu
-@pytest.mark.parametrize("m", [1, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 8])
 def test_cuda_graph_capture_and_replay_after_updates(m):
     s = KIMI_K3
     x, w, p, bias = projection_case(m, s["n"], s["k"], s["latent"], device="cuda")
@@ -169,7 +169,7 @@ def test_two_streams_concurrently():
 
 
 @requires_kernel_gpu
-@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("m", [1, 2, 4])
 def test_gpu_results_are_bitwise_repeatable(m):
     s = KIMI_K3
     x, w, p, bias = projection_case(m, s["n"], s["k"], s["latent"], device="cuda", seed=m)

@@ -32,7 +32,6 @@ for step in "$@"; do
     bench) python3 -m kimi_router_ops.bench --out "$out" 2>&1 | tail -80 || status=1 ;;
     bench-quick) python3 -m kimi_router_ops.bench --out "$out" --m 1 2 4 8 16 64 2>&1 | tail -60 || status=1 ;;
     front) python3 -m kimi_router_ops.bench.front --out "$out" 2>&1 | tail -40 || status=1 ;;
-    front-candidates) python3 -m kimi_router_ops.bench.front --out "$out" --candidates 2>&1 | tail -60 || status=1 ;;
     chain) python3 -m kimi_router_ops.bench.chain --out "$out" 2>&1 | tail -20 || status=1 ;;
     router) python3 -m kimi_router_ops.bench.router --out "$out" 2>&1 | tail -20 || status=1 ;;
     router-decode) python3 -m kimi_router_ops.bench.router --out "$out" --m 1 2 4 8 16 2>&1 | tail -40 || status=1 ;;

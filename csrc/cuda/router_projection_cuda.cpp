@@ -2,9 +2,6 @@
 // Projection kernel), then the routing op's kernel, which waits on it through PDL; where no
 // Projection kernel serves the problem, the router op's dispatch and the GEMM op's.
 
-#include <cstdlib>
-#include <cstring>
-
 #include "kernel_support.h"
 #include "../ll_bf16_gemm.h"
 #include "../ll_bf16_router.h"
@@ -16,10 +13,8 @@ namespace {
 
 // The Projection kernel for M tokens and K on compute capability sm, or nullptr.
 const ProjectionKernel* projection_kernel(int64_t M, int64_t K, int sm) {
-  const char* forced = std::getenv("KIMI_PROJECTION_ROW");  // candidate sweep (temporary)
   return find_kernel(kProjectionKernels, sm, [&](const ProjectionKernel& k) {
-    return k.m_lo <= M && M <= k.m_hi && K <= k.max_k &&
-           (forced == nullptr || std::strstr(k.symbol, forced) != nullptr);
+    return k.m_lo <= M && M <= k.m_hi && K <= k.max_k;
   });
 }
 

@@ -10,7 +10,8 @@ subtracted) and back to back, in CUDA graphs of one front per copy of the weight
   ../shared/peers); one cuBLAS GEMM of gate and
   projection concatenated, then `moe_routing` (SGLang's arrangement); router then cuBLAS on
   one stream; `router_and_projection` (one grid for both weight streams, then the routing);
-- the gate and projection without a producer: cuBLAS's projection alone, our router alone,
+- the gate and projection without a producer: cuBLAS's projection alone, a plain read of the
+  same 64 MB (`torch.sum`: the rate HBM gives a stream of this size), our router alone,
   `router_and_projection` alone.
 Writes <out>/front.json, front.md.
 """
@@ -25,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
-from kimi_router_ops import variants
 from .gemm import git_commit, parse_bench_args, save_report, two_way_markdown
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us
 
@@ -82,7 +82,7 @@ def fronts(m, side, gate=None):
     return out
 
 
-def run(m_list, replays, candidates=False):
+def run(m_list, replays):
     layer_us, after_layer_us = after_layer_timer(replays)
     bf = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
     weights = []
@@ -115,16 +115,6 @@ def run(m_list, replays, candidates=False):
             lambda ws=ws: kimi_router_ops.router_and_projection(hidden, ws[0], ws[1], ws[3], TOP_K)
             for ws in weights])
         record(m, "attn_res", "attn_res alone", [attn_res] * AFTER_LAYER_CALLS)
-        for row in (variants.PROJECTION_KERNELS if candidates else ()):
-            if row.m_lo <= m <= row.m_hi:
-                os.environ["KIMI_PROJECTION_ROW"] = row.name
-                record(m, "none", f"candidate {row.name}", [
-                    lambda ws=ws: kimi_router_ops.router_and_projection(hidden, ws[0], ws[1], ws[3], TOP_K)
-                    for ws in weights])
-                record(m, "attn_res", f"candidate {row.name}", [
-                    lambda ws=ws: kimi_router_ops.router_and_projection(attn_res(), ws[0], ws[1], ws[3], TOP_K)
-                    for ws in weights])
-                del os.environ["KIMI_PROJECTION_ROW"]
     return results, layer_us
 
 
@@ -138,9 +128,8 @@ def markdown(report):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
-    parser.add_argument("--candidates", action="store_true", help="every Projection kernel for each M")
     args = parse_bench_args(parser)
-    results, layer_us = run(args.m, args.replays, args.candidates)
+    results, layer_us = run(args.m, args.replays)
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
