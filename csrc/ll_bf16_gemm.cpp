@@ -49,7 +49,7 @@ void check_inputs(const Tensor& x, const Tensor& w, ScalarType out_dtype, const 
 }
 
 void check_router_gemm_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
-                              ScalarType out_dtype, const char* op) {
+                              ScalarType out_dtype, const char* op, const char* bias_name) {
   KIMI_CHECK(is_float_or_bf16(w.scalar_type()), op,
              ": router_weight must be torch.bfloat16 or torch.float32, got ",
              dtype_name(w.scalar_type()));
@@ -61,14 +61,13 @@ void check_router_gemm_inputs(const Tensor& x, const Tensor& w, const OptionalTe
   check_shapes(x, w, out_dtype, op);
   if (gate_bias.has_value()) {
     const Tensor& b = *gate_bias;
-    KIMI_CHECK(b.scalar_type() == w.scalar_type(), op,
-               ": bias must have router_weight's dtype ", dtype_name(w.scalar_type()), ", got ",
+    KIMI_CHECK(b.scalar_type() == w.scalar_type(), op, ": ", bias_name,
+               " must have router_weight's dtype ", dtype_name(w.scalar_type()), ", got ",
                dtype_name(b.scalar_type()));
-    KIMI_CHECK(b.dim() == 1 && b.size(0) == w.size(0), op, ": bias must have shape [N]=[",
-               w.size(0), "], got ", b.sizes());
-    KIMI_CHECK(b.device() == w.device(), op,
-               ": bias must be on the device of router_weight, got ", b.device(), " and ",
-               w.device());
+    KIMI_CHECK(b.dim() == 1 && b.size(0) == w.size(0), op, ": ", bias_name,
+               " must have shape [N]=[", w.size(0), "], got ", b.sizes());
+    KIMI_CHECK(b.device() == w.device(), op, ": ", bias_name,
+               " must be on the device of router_weight, got ", b.device(), " and ", w.device());
   }
 }
 

@@ -16,7 +16,7 @@ void check_inputs(const Tensor& hidden_states, const Tensor& router_weight, Scal
                   const char* op = "ll_bf16_gemm");
 void check_router_gemm_inputs(const Tensor& hidden_states, const Tensor& router_weight,
                               const OptionalTensor& gate_bias, ScalarType out_dtype,
-                              const char* op);
+                              const char* op, const char* bias_name = "bias");
 
 // The reference: exact products in fp32 (bf16 inputs widened), fp32 accumulation, the gate
 // bias added in fp32, one final rounding.

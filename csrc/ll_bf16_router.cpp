@@ -39,7 +39,7 @@ void check_router_inputs(const char* op, const Tensor& x, const Tensor& w,
   if (std::string(op) == kOp) {
     check_inputs(x, w, kFloat, op);
   } else {
-    check_router_gemm_inputs(x, w, gate_bias, kFloat, op);
+    check_router_gemm_inputs(x, w, gate_bias, kFloat, op, "gate_bias");
   }
   check_routing_args(op, w.size(0), w.device(), "router_weight", bias, r);
 }

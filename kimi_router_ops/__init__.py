@@ -8,17 +8,24 @@
 Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
 """
 
-import os
-from pathlib import Path
+import os as _os
+from pathlib import Path as _Path
 
-import torch
+import torch as _torch
+
+try:  # the installed distribution's (pyproject.toml)
+    from importlib.metadata import version as _version
+
+    __version__ = _version("kimi_router_ops")
+except Exception:  # run from a source tree that was never installed
+    __version__ = "unknown"
 
 # The build (setup.py: python -m kimi_router_ops.aot) reads the kernel tables from this
 # package before _C exists; it says so with KIMI_ROUTER_OPS_BUILD=1.
-if os.environ.get("KIMI_ROUTER_OPS_BUILD") != "1":
+if _os.environ.get("KIMI_ROUTER_OPS_BUILD") != "1":
     # _C is a plain shared library on torch's stable ABI (not a Python module): loading it
     # runs the registrations of the ops' schemas and kernels.
-    torch.ops.load_library(Path(__file__).with_name("_C.abi3.so"))
+    _torch.ops.load_library(_Path(__file__).with_name("_C.abi3.so"))
 
     from . import ops  # noqa: F401  (fake kernels, the derivative)
     from .ops import (
@@ -39,6 +46,18 @@ if os.environ.get("KIMI_ROUTER_OPS_BUILD") != "1":
     )
     from .router_linear import RouterLinear
 
+
+
+def __getattr__(name):
+    """`kimi_router_ops.integrations` on first use: importing the package imports no
+    integration (nor transformers, vLLM or SGLang)."""
+    if name == "integrations":
+        import importlib
+
+        return importlib.import_module(".integrations", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "RouterLinear",
     "attn_res",
@@ -50,6 +69,7 @@ __all__ = [
     "ll_bf16_router",
     "moe_routing",
     "rms_norm",
+    "__version__",
     "router",
     "router_and_projection",
     "router_gemm",

@@ -1,9 +1,16 @@
-"""python -m kimi_router_ops: the op on the Kimi-K3 router shape, checked and timed.
+"""python -m kimi_router_ops: the router GEMM on Kimi-K3's shape, checked and timed.
 
-Runs on the best device present (CPU without a GPU), checks every M against a float64
+Runs on the best device present (the CPU without a GPU), checks every M against a float64
 reference and prints: device, the kernel the dispatch chose, microseconds per call and the
 relative error; on a GPU, cuBLAS (torch.mm with fp32 output) beside it.
 """
+
+BENCHES = """the benchmarks (a GPU; docs/benchmarks.md):
+  python -m kimi_router_ops.bench             the router GEMM, M = 1..256
+  python -m kimi_router_ops.bench.router      the whole router and the routing op
+  python -m kimi_router_ops.bench.chain       producer -> router pairs, after the layer
+  python -m kimi_router_ops.bench.front       Kimi-K3's MoE front: AttnRes, gate, down-projection
+  python -m kimi_router_ops.bench.precisions  fp32 gates and the gate bias"""
 
 import argparse
 import time
@@ -30,9 +37,13 @@ def cpu_time_us(fn, repeats=20):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = argparse.ArgumentParser(prog="python -m kimi_router_ops", description=__doc__.strip(),
+                                     epilog=BENCHES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where to run (default: cuda if a GPU is visible, else cpu)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU is visible to torch; run with --device cpu")
     device = torch.device(args.device)
     torch.manual_seed(0)
 

@@ -75,8 +75,16 @@ def compiled_kernels() -> list[str]:
     return list(_ops.compiled_kernels.default())
 
 
-def ll_bf16_router(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None,
-                   top_k: int, n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
+def _required(top_k, op):
+    """top_k follows e_score_correction_bias, which defaults to None (Qwen, Mixtral: no bias):
+    so it has a default too, and this says it is required."""
+    if top_k is None:
+        raise TypeError(f"{op}() missing required argument: 'top_k'")
+    return top_k
+
+
+def ll_bf16_router(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None = None,
+                   top_k: int | None = None, n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
                    routed_scaling_factor: float = 1.0, scoring: str = "sigmoid") -> tuple[Tensor, Tensor, Tensor]:
     """The whole MoE router in one op: logits = hidden_states @ router_weight^T (fp32),
     scores = sigmoid(logits) (DeepSeek-V3 family: DeepseekV3TopkRouter.forward in
@@ -89,19 +97,21 @@ def ll_bf16_router(hidden_states: Tensor, router_weight: Tensor, e_score_correct
     equal group scores to the lower group). A group's score is the sum of its two best
     biased scores with sigmoid, its best one with softmax (DeepSeek-V2's group-limited
     greedy). `e_score_correction_bias` is fp32 or bf16 [N], or None for no correction."""
-    return _ops.ll_bf16_router.default(hidden_states, router_weight, e_score_correction_bias, top_k, n_group,
+    return _ops.ll_bf16_router.default(hidden_states, router_weight, e_score_correction_bias,
+                                       _required(top_k, "ll_bf16_router"), n_group,
                                        topk_group, renormalize, routed_scaling_factor, scoring)
 
 
-def router(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None, top_k: int,
-           n_group: int = 1, topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
+def router(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None = None,
+           top_k: int | None = None, n_group: int = 1, topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
            scoring: str = "sigmoid", gate_bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """`ll_bf16_router` for any gate precision: logits = `router_gemm(hidden_states,
     router_weight, gate_bias)` (bf16 or fp32 weights; the gate bias, of the weights' dtype,
     is part of the logits, as gpt-oss's router adds it), then the same routing. Returns
     (topk_weights fp32 [M, top_k], topk_ids int32 [M, top_k], logits fp32 [M, N]); one launch
     where a fused kernel serves the problem (bf16 hidden_states)."""
-    return _ops.router.default(hidden_states, router_weight, e_score_correction_bias, top_k, n_group, topk_group,
+    return _ops.router.default(hidden_states, router_weight, e_score_correction_bias, _required(top_k, "router"),
+                               n_group, topk_group,
                                renormalize, routed_scaling_factor, scoring, gate_bias)
 
 
@@ -118,7 +128,7 @@ def router_with_variant(hidden_states: Tensor, router_weight: Tensor, e_score_co
 
 
 def router_and_projection(hidden_states: Tensor, router_weight: Tensor, projection_weight: Tensor,
-                          e_score_correction_bias: Tensor | None, top_k: int, n_group: int = 1,
+                          e_score_correction_bias: Tensor | None = None, top_k: int | None = None, n_group: int = 1,
                           topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
                           scoring: str = "sigmoid",
                           gate_bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -132,7 +142,8 @@ def router_and_projection(hidden_states: Tensor, router_weight: Tensor, projecti
     streams both weights, its first tile loaded before the PDL wait, then the routing
     kernel; elsewhere the router op, then the GEMM op."""
     return _ops.router_and_projection.default(hidden_states, router_weight, projection_weight,
-                                              e_score_correction_bias, top_k, n_group, topk_group, renormalize,
+                                              e_score_correction_bias, _required(top_k, "router_and_projection"),
+                                              n_group, topk_group, renormalize,
                                               routed_scaling_factor, scoring, gate_bias)
 
 
@@ -147,7 +158,8 @@ def chosen_router_variant(M: int, N: int, K: int, top_k: int, n_group: int = 1, 
                                                weight_dtype, x_dtype)
 
 
-def moe_routing(logits: Tensor, e_score_correction_bias: Tensor | None, top_k: int, n_group: int = 1,
+def moe_routing(logits: Tensor, e_score_correction_bias: Tensor | None = None, top_k: int | None = None,
+                n_group: int = 1,
                 topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
                 scoring: str = "sigmoid") -> tuple[Tensor, Tensor]:
     """The routing of `ll_bf16_router` on logits you already have (fp32 or bf16 [M, N]):
@@ -158,7 +170,8 @@ def moe_routing(logits: Tensor, e_score_correction_bias: Tensor | None, top_k: i
     the tie rule of `ll_bf16_router`; given that op's logits, its ids and weights bit for
     bit. On sm_90 / sm_100 GPUs (N <= 1024, top_k <= 32) one PDL-launched kernel, one warp
     a token; elsewhere the routing as torch ops."""
-    return _ops.moe_routing.default(logits, e_score_correction_bias, top_k, n_group, topk_group, renormalize,
+    return _ops.moe_routing.default(logits, e_score_correction_bias, _required(top_k, "moe_routing"), n_group,
+                                    topk_group, renormalize,
                                     routed_scaling_factor, scoring)
 
 

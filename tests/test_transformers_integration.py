@@ -185,3 +185,22 @@ def test_example_runs_on_the_cpu():
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "same tokens: True" in result.stdout and "no speed is reported" in result.stdout
+
+
+def test_the_readme_call_works_verbatim_and_says_what_it_did(caplog):
+    """README: `import kimi_router_ops; kimi_router_ops.integrations.transformers.patch(model)`;
+    patch logs one line, and a patched router's repr says it is ours."""
+    import kimi_router_ops
+
+    model = tiny_model()
+    with caplog.at_level("INFO", logger="kimi_router_ops"):
+        assert kimi_router_ops.integrations.transformers.patch(model) == 2
+    assert "2 routers of DeepseekV3ForCausalLM run kimi_router_ops' ops" in caplog.text
+    assert all(repr(r).endswith("kimi_router_ops)") for r in routers(model))
+    assert kimi_router_ops.integrations.transformers.unpatch(model) == 2
+    assert all("kimi_router_ops" not in repr(r) for r in routers(model))
+
+
+def test_a_model_without_a_supported_router_is_a_warning():
+    with pytest.warns(RuntimeWarning, match="no router of a supported family in Sequential"):
+        assert kimi_tf.patch(torch.nn.Sequential(torch.nn.Linear(4, 4))) == 0

@@ -45,10 +45,15 @@ def build_arch(out_dir: Path, arch: str, sm: int) -> None:
     jobs = [(fam, fam.kernels(arch, sm)) for fam in FAMILIES]
     counts = ", ".join(f"{len(kernels)} {fam.name}" for fam, kernels in jobs)
     print(f"[aot {arch}] compiling {sum(len(k) for _, k in jobs)} kernels ({counts})", flush=True)
-    start = time.time()
+    start = last = time.time()
+    total, done = sum(len(k) for _, k in jobs), 0
     for fam, kernels in jobs:
         for kernel in kernels:
             export(fam, kernel, out_dir)
+            done += 1
+            if time.time() - last >= 15:  # a sign of life at least every ~20 s (pip -v shows it)
+                last = time.time()
+                print(f"[aot {arch}] {done}/{total} kernels, {last - start:.0f} s", flush=True)
         print(f"[aot {arch}] {len(kernels)} {fam.name} kernels done, {time.time() - start:.0f} s", flush=True)
 
 

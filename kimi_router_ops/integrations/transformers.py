@@ -1,8 +1,14 @@
 """Hugging Face transformers models on the router ops, with one call.
 
-    from kimi_router_ops.integrations import transformers as kimi_tf
-    kimi_tf.patch(model)    # every supported router now runs kimi_router_ops' ops
-    kimi_tf.unpatch(model)  # back to transformers' own forward
+    import kimi_router_ops
+    kimi_router_ops.integrations.transformers.patch(model)    # every supported router now
+                                                              # runs kimi_router_ops' ops
+    kimi_router_ops.integrations.transformers.unpatch(model)  # back to transformers' forward
+
+(`from kimi_router_ops.integrations.transformers import patch` works too; importing the
+module as `transformers` would shadow Hugging Face's package.) `patch` logs one line on the
+`kimi_router_ops` logger and warns when the model has no router it supports; a patched
+router's repr ends in "kimi_router_ops".
 
 Each patched forward computes what transformers' forward computes, with the same outputs
 (the same tuple, dtypes and logits), in one or two launches instead of a dozen ops:
@@ -37,12 +43,15 @@ nothing here imports transformers, which stays an optional dependency (tested: 5
 routers of one family share one forward, word for word).
 """
 
+import logging
 import warnings
 
 import torch
 from torch import nn
 
 from .. import ops
+
+_log = logging.getLogger("kimi_router_ops")
 
 SOFTMAX = "softmax"
 
@@ -204,11 +213,17 @@ def _is_router(module: nn.Module) -> bool:
     return cls.__name__ in ROUTER_CLASSES and cls.__module__.startswith("transformers.")
 
 
+def _patched_extra_repr(self) -> str:
+    original = self._kimi_original_class.extra_repr(self)
+    return f"{original}, kimi_router_ops" if original else "kimi_router_ops"
+
+
 def _patched_class(cls: type) -> type:
     if cls not in _patched_classes:
         _patched_classes[cls] = type(
             cls.__name__, (cls,),
-            {"forward": _router_forward, "_kimi_original_class": cls, "__module__": __name__},
+            {"forward": _router_forward, "_kimi_original_class": cls, "__module__": __name__,
+             "extra_repr": _patched_extra_repr},
         )
     return _patched_classes[cls]
 
@@ -232,6 +247,13 @@ def patch(model: nn.Module) -> int:
             _warn_fallback(type(module), _dtype_fallback(forward, module.weight.dtype, module.weight.dtype))
         module.__class__ = _patched_class(type(module))
         count += 1
+    if count:
+        _log.info("kimi_router_ops: %d routers of %s run kimi_router_ops' ops", count,
+                  type(model).__name__)
+    elif not any(getattr(type(m), "_kimi_original_class", None) for m in model.modules()):
+        warnings.warn(f"kimi_router_ops.integrations.transformers.patch: no router of a supported family in "
+                      f"{type(model).__name__} (supported: {', '.join(sorted(ROUTERS))}); nothing changed",
+                      RuntimeWarning, stacklevel=2)
     return count
 
 
