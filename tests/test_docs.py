@@ -17,3 +17,12 @@ def test_relative_links_resolve(page):
             continue
         path = (page.parent / target.split("#")[0]).resolve()
         assert path.exists(), f"{page.relative_to(ROOT)} links to a missing {target}"
+
+
+def test_the_readme_snippet_runs_verbatim(capsys):
+    """README's first Python block, as a user pastes it (on the GPU if there is one)."""
+    text = (ROOT / "README.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    exec(compile(snippet, "README.md", "exec"), {})
+    ids, total = capsys.readouterr().out.rsplit("]", 1)
+    assert len(ids.strip("[").split(",")) == 16 and abs(float(total) - 1.0) < 1e-5
