@@ -1,6 +1,7 @@
 // The routing op: the routing of ll_bf16_router on logits a caller already has.
 //
-//   scores  = sigmoid(logits), or with scoring="softmax" softmax(logits) over the N experts
+//   scores  = sigmoid(logits), with scoring="softmax" softmax(logits) over the N experts, with
+//             scoring="sqrtsoftplus" sqrt(softplus(logits)) (DeepSeek-V4)
 //   choice  = scores + bias
 //   groups  = n_group equal slices of the experts; a group's score is the sum of its two
 //             best choice values (softmax: its best one); the topk_group best groups are
@@ -14,8 +15,8 @@
 // routing as ATen ops), which the CPU runs; CUDA runs the kernel of
 // kernels/moe_routing.py where it fits (csrc/cuda/moe_routing_cuda.cpp).
 
+#include <cmath>
 #include <limits>
-
 #include <sstream>
 
 #include "moe_routing.h"
@@ -37,6 +38,9 @@ RoutingScalars RoutingParams::kernel_scalars(bool has_bias) const {
 RoutingParams routing_params(const char* op, int64_t top_k, int64_t n_group, int64_t topk_group,
                              bool renormalize, double routed_scaling_factor,
                              const std::string& scoring) {
+  // A NaN or negative scale would turn every weight into a valid-looking wrong one.
+  KIMI_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0, op,
+             ": routed_scaling_factor must be finite and > 0, got ", routed_scaling_factor);
   constexpr int kCount = sizeof(kScoringNames) / sizeof(kScoringNames[0]);
   std::ostringstream names;
   for (int i = 0; i < kCount; ++i) {
@@ -60,7 +64,8 @@ void check_routing_args(const char* op, int64_t N, const std::optional<Device>& 
   KIMI_CHECK(topk_group >= 1 && topk_group <= n_group, op,
              ": topk_group must be in [1, n_group=", n_group, "], got ", topk_group);
   KIMI_CHECK(n_group == 1 || N / n_group >= 2 || scoring == Scoring::kSoftmax, op,
-             ": with n_group > 1 and sigmoid scoring each group needs at least 2 experts "
+             ": with n_group > 1 and ", kScoringNames[static_cast<int>(scoring)],
+             " scoring each group needs at least 2 experts "
              "(a group's score is the sum of its two best), got N=", N, " and n_group=",
              n_group);
   const int64_t kept = topk_group * (N / n_group);
@@ -108,7 +113,9 @@ std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits_in, const Opti
   const Tensor logits = torch::stable::to(logits_in, kFloat);
   const int64_t M = logits.size(0), N = logits.size(1);
   const bool softmax = r.scoring == Scoring::kSoftmax;
-  const Tensor scores = softmax ? aten::softmax_last(logits) : aten::sigmoid(logits);
+  const Tensor scores = softmax ? aten::softmax_last(logits)
+                        : r.scoring == Scoring::kSqrtsoftplus ? aten::sqrt_softplus(logits)
+                                                               : aten::sigmoid(logits);
   Tensor choice = bias.has_value() ? aten::add(scores, torch::stable::to(*bias, kFloat)) : scores;
   if (topk_group < n_group) {
     const Tensor grouped = torch::stable::view(choice, {M, n_group, N / n_group});

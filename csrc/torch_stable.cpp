@@ -88,6 +88,16 @@ Tensor softmax_last(const Tensor& a) {
 
 Tensor rsqrt(const Tensor& a) { return call_tensor_op("aten::rsqrt", "", a); }
 
+Tensor sqrt_softplus(const Tensor& a) {
+  // max(a, 0) + log1p(e^-|a|): torch's softplus (log1p(e^a)) without its overflow, and a
+  // itself above softplus's threshold, 20, as torch takes it.
+  const Tensor e = call_tensor_op("aten::exp", "", call_tensor_op("aten::neg", "",
+                                                                  call_tensor_op("aten::abs", "", a)));
+  const Tensor soft = add(call_tensor_op("aten::relu", "", a), call_tensor_op("aten::log1p", "", e));
+  const Tensor above = call_tensor_op("aten::gt", "Tensor", a, scalar(20.0));
+  return call_tensor_op("aten::sqrt", "", call_tensor_op("aten::where", "self", above, a, soft));
+}
+
 Tensor logical_not(const Tensor& a) { return call_tensor_op("aten::logical_not", "", a); }
 
 Tensor mean_last(const Tensor& a) {

@@ -135,6 +135,7 @@ Tensor div(const Tensor& a, const Tensor& b);
 Tensor sigmoid(const Tensor& a);
 Tensor softmax_last(const Tensor& a);  // over the last dimension
 Tensor rsqrt(const Tensor& a);
+Tensor sqrt_softplus(const Tensor& a);  // sqrt(softplus(a)), softplus as torch computes it
 Tensor logical_not(const Tensor& a);
 Tensor mean_last(const Tensor& a);  // over the last dimension, kept
 Tensor sum_last(const Tensor& a);  // over the last dimension, kept

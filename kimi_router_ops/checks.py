@@ -39,7 +39,8 @@ def reference_routing(logits, bias, top_k, n_group, topk_group, renormalize, sca
     and group scores."""
     logits = logits.double().cpu()
     softmax = scoring == "softmax"
-    scores = logits.softmax(-1) if softmax else logits.sigmoid()
+    scores = {"softmax": lambda: logits.softmax(-1), "sigmoid": logits.sigmoid,
+              "sqrtsoftplus": lambda: torch.nn.functional.softplus(logits).sqrt()}[scoring]()
     choice = scores + (bias.double().cpu() if bias is not None else 0.0)
     m, n = logits.shape
     grouped = choice.view(m, n_group, n // n_group)

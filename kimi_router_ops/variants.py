@@ -397,11 +397,18 @@ ROUTER_MAX_GROUPS = 32
 
 class Scoring(IntEnum):
     """How logits become routing scores: the ops' `scoring` argument (the member's name in
-    lower case) and the kernels' `scoring` value. A new member needs its formula in the
-    routing kernel (kernels/routing.py) and in the reference (csrc/moe_routing.cpp)."""
+    lower case) and the kernels' `scoring` value. Each is an elementwise function of the
+    logit (its formula in kernels/handoff.py's score_bits and in csrc/moe_routing.cpp's
+    reference) except SOFTMAX, over a token's N logits; a group's score is the sum of its two
+    best choice values, with SOFTMAX its best one.
+    - SIGMOID: 1 / (1 + e^-x) (DeepSeek-V3, Kimi, GLM)
+    - SOFTMAX: e^x / sum e^x over the experts (DeepSeek-V2, Qwen-MoE, Mixtral, gpt-oss)
+    - SQRTSOFTPLUS: sqrt(softplus(x)), softplus(x) = x above 20, else log(1 + e^x)
+      (DeepSeek-V4)"""
 
     SIGMOID = 0
     SOFTMAX = 1
+    SQRTSOFTPLUS = 2
 
 
 # The routing arguments every routing kernel takes after its tensors, in order: one C struct

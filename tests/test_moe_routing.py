@@ -19,6 +19,13 @@ MODEL_CONFIGS = {
 }
 
 
+def op_scores(logits, scoring):
+    """The scores in fp32, as the ops compute them up to an ulp."""
+    logits = logits.float()
+    return {"softmax": lambda: logits.softmax(-1), "sigmoid": logits.sigmoid,
+            "sqrtsoftplus": lambda: torch.nn.functional.softplus(logits).sqrt()}[scoring]()
+
+
 def check_routing(weights, ids, logits, bias, top_k, topk_group, reference, scoring="sigmoid"):
     """Routing outputs against the float64 `reference` (weights, ids, masked choice values,
     group scores): the same expert set per token unless a near-tie sits at a cut, sorted by
@@ -30,7 +37,7 @@ def check_routing(weights, ids, logits, bias, top_k, topk_group, reference, scor
     ref_w, ref_ids, masked, group_scores = reference
     ours_ids, ours_w = ids.long().cpu(), weights.double().cpu()
     # The op's own fp32 choice values (same device, same elementwise ops).
-    scores = logits.float().softmax(-1) if scoring == "softmax" else logits.float().sigmoid()
+    scores = op_scores(logits, scoring)
     choice_ours = (scores + (bias.float() if bias is not None else 0.0)).cpu()
     for t in range(m):
         ours, theirs = set(ours_ids[t].tolist()), set(ref_ids[t].tolist())

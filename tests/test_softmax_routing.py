@@ -286,12 +286,12 @@ def test_side_stream_and_bitwise_determinism(config):
 @pytest.mark.parametrize("device", DEVICES)
 def test_unknown_scoring_is_an_error(device):
     logits = torch.zeros(2, 16, device=device)
-    with pytest.raises(RuntimeError, match="moe_routing: scoring must be 'sigmoid' or 'softmax', got 'relu'"):
+    with pytest.raises(RuntimeError, match="moe_routing: scoring must be 'sigmoid', 'softmax' or 'sqrtsoftplus', got 'relu'"):
         kimi_router_ops.moe_routing(logits, None, 2, scoring="relu")
     x, w, _ = make_case(2, 16, 64, 2, 1, 1, None, "cpu")
-    with pytest.raises(RuntimeError, match="ll_bf16_router: scoring must be 'sigmoid' or 'softmax', got 'Softmax'"):
+    with pytest.raises(RuntimeError, match="ll_bf16_router: scoring must be 'sigmoid', 'softmax' or 'sqrtsoftplus', got 'Softmax'"):
         kimi_router_ops.ll_bf16_router(x.to(device), w.to(device), None, 2, scoring="Softmax")
-    with pytest.raises(RuntimeError, match="scoring must be 'sigmoid' or 'softmax'"):
+    with pytest.raises(RuntimeError, match="scoring must be 'sigmoid', 'softmax' or 'sqrtsoftplus'"):
         kimi_router_ops.chosen_router_variant(2, 16, 64, 2, scoring="")
     check(*make_logits(3, 16, device=device), 4, 4, 2, True, 1.0, SOFTMAX)  # still fine
 

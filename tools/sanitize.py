@@ -25,9 +25,10 @@ K_LIST = (1, 7, 8, 40, 1000, 7169, 7176)
 # (DeepSeek-V3, Kimi-K2, Kimi-K3, Qwen3-235B, DeepSeek-V2).
 ROUTER_CASES = ((17, 40, 3, 1, 1), (256, 7168, 8, 8, 4), (384, 7168, 8, 1, 1), (896, 7168, 16, 1, 1),
                 (128, 4096, 8, 1, 1), (160, 5120, 6, 8, 3))
-# (scoring, bias): sigmoid with each bias kind, softmax without a bias and with an fp32 one.
+# (scoring, bias): sigmoid with each bias kind, softmax without a bias and with an fp32 one,
+# sqrtsoftplus with an fp32 one.
 SCORINGS = (("sigmoid", None), ("sigmoid", torch.float32), ("sigmoid", torch.bfloat16),
-            ("softmax", None), ("softmax", torch.float32))
+            ("softmax", None), ("softmax", torch.float32), ("sqrtsoftplus", torch.float32))
 
 
 def make_bias(n, dtype):

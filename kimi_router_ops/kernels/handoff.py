@@ -16,7 +16,10 @@ from cutlass import Float32, Int32
 
 from ..variants import Scoring
 
-SIGMOID = int(Scoring.SIGMOID)  # the kernels' `scoring` value for sigmoid scores
+SIGMOID = int(Scoring.SIGMOID)  # the kernels' `scoring` values
+SOFTMAX = int(Scoring.SOFTMAX)
+SQRTSOFTPLUS = int(Scoring.SQRTSOFTPLUS)
+SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus's: x itself above it
 # All bits set: a NaN that floating-point arithmetic never produces (a NaN result is the
 # canonical 0x7FFFFFFF), and publish() maps it to that anyway, so EMPTY means "not yet".
 EMPTY = -1
@@ -37,6 +40,16 @@ def sigmoid(v: Float32) -> Float32:
 
 
 @cute.jit
+def sqrt_softplus(v: Float32) -> Float32:
+    """sqrt(softplus(v)) with softplus(v) = max(v, 0) + log1p(e^-|v|): no overflow for large
+    v, and full relative precision for very negative v (where log(1 + e^v) would round to 0),
+    v itself above the threshold, as torch computes it."""
+    sp = cute.math.max(v, Float32(0.0)) + cute.math.log1p(cute.math.exp(-cute.math.abs(v)))
+    sp = Float32(cutlass.select_(v > Float32(SOFTPLUS_THRESHOLD), v, sp))
+    return cute.math.sqrt(sp)
+
+
+@cute.jit
 def _word(v: Float32) -> Int32:
     """v as a published word: its bits, with EMPTY (a NaN) made the canonical NaN."""
     bits = v.bitcast(Int32)
@@ -45,12 +58,14 @@ def _word(v: Float32) -> Int32:
 
 @cute.jit
 def score_bits(logit: Float32, scoring: Int32) -> Int32:
-    """The word published for a logit (never EMPTY): its sigmoid score, or for softmax
-    routing the logit itself (a softmax needs all of a token's logits at once). The routing
-    op computes its scores with this too, so that it routes as the fused router does."""
+    """The word published for a logit (never EMPTY): its score, or for softmax routing the
+    logit itself (a softmax needs all of a token's logits at once). The routing op computes
+    its scores with this too, so that it routes as the fused router does."""
     word = Int32(0)
-    if scoring != SIGMOID:
+    if scoring == SOFTMAX:
         word = _word(logit)
+    elif scoring == SQRTSOFTPLUS:
+        word = _word(sqrt_softplus(logit))
     else:
         word = _word(sigmoid(logit))
     return word
@@ -58,9 +73,9 @@ def score_bits(logit: Float32, scoring: Int32) -> Int32:
 
 @cute.jit
 def publish(handoff: cute.Tensor, m, n, logit: Float32, scoring: Int32):
-    """Publish the expert's sigmoid score, not its logit, for sigmoid routing: the GEMM's
+    """Publish the expert's score, not its logit, for elementwise scoring: the GEMM's
     output threads compute it side by side, where the routing warp would compute 8-28 of
-    them one after another (two MUFU ops each)."""
+    them one after another."""
     cute.arch.store(element_ptr(handoff, m, n), score_bits(logit, scoring), sem="relaxed", scope="gpu")
 
 

@@ -194,7 +194,7 @@ class WarpRouting:
                 self._gather(source, bias, m, lane, n_count, has_bias, scoring, scores, choice, True)
             else:
                 self._gather(source, bias, m, lane, n_count, has_bias, scoring, scores, choice, False)
-            if scoring != handoff_buffer.SIGMOID:  # the same on every lane: a uniform branch
+            if scoring == handoff_buffer.SOFTMAX:  # the same on every lane: a uniform branch
                 self._softmax(scores, lane, n_count)
             for j in cutlass.range_constexpr(slots):
                 c = scores[j] + choice[j]
@@ -500,7 +500,7 @@ class WarpRouting:
     def _group_score(self, first, second, scoring) -> Float32:
         """A group's score from its two best choice values: their sum (DeepSeek-V3), or with
         softmax the best alone (DeepSeek-V2)."""
-        return Float32(cutlass.select_(scoring != handoff_buffer.SIGMOID, first, first + second))
+        return Float32(cutlass.select_(scoring == handoff_buffer.SOFTMAX, first, first + second))
 
     @cute.jit
     def _best_groups(self, group_key, lane, topk_group) -> Int32:
