@@ -43,10 +43,15 @@ def sigmoid(v: Float32) -> Float32:
 def sqrt_softplus(v: Float32) -> Float32:
     """sqrt(softplus(v)) with softplus(v) = max(v, 0) + log1p(e^-|v|): no overflow for large
     v, and full relative precision for very negative v (where log(1 + e^v) would round to 0),
-    v itself above the threshold, as torch computes it."""
-    sp = cute.math.max(v, Float32(0.0)) + cute.math.log1p(cute.math.exp(-cute.math.abs(v)))
+    v itself above the threshold, as torch computes it. log1p(y), y in (0, 1], is a series
+    below 1/32 (where 1 + y would drop y's digits), lg2.approx(1 + y) above: a handful of
+    instructions (libdevice's exact log1p tripled the routing kernel's code), within 3e-6."""
+    y = cute.arch.exp2(cute.math.abs(v) * Float32(-1.4426950408889634))  # e^-|v|
+    series = y * (Float32(1.0) - y * (Float32(0.5) - y * (Float32(1.0 / 3.0) - y * Float32(0.25))))
+    logged = cute.math.log2(Float32(1.0) + y, fastmath=True) * Float32(0.6931471805599453)
+    sp = cute.math.max(v, Float32(0.0)) + Float32(cutlass.select_(y < Float32(1.0 / 32.0), series, logged))
     sp = Float32(cutlass.select_(v > Float32(SOFTPLUS_THRESHOLD), v, sp))
-    return cute.math.sqrt(sp)
+    return cute.math.sqrt(sp, fastmath=True)
 
 
 @cute.jit
@@ -69,6 +74,22 @@ def score_bits(logit: Float32, scoring: Int32) -> Int32:
     else:
         word = _word(sigmoid(logit))
     return word
+
+
+@cute.jit
+def score_all(values: cute.Tensor, count: cutlass.Constexpr, scoring: Int32):
+    """score_bits of values[0..count), in place, as floats: one branch on the scoring for all
+    of them, so each kind's unrolled code is contiguous (the routing kernel runs cold after
+    the layer, and code it skips costs it instruction fetches)."""
+    if scoring == SOFTMAX:
+        for j in cutlass.range_constexpr(count):
+            values[j] = _word(values[j]).bitcast(Float32)
+    elif scoring == SQRTSOFTPLUS:
+        for j in cutlass.range_constexpr(count):
+            values[j] = _word(sqrt_softplus(values[j])).bitcast(Float32)
+    else:
+        for j in cutlass.range_constexpr(count):
+            values[j] = _word(sigmoid(values[j])).bitcast(Float32)
 
 
 @cute.jit

@@ -68,5 +68,4 @@ class MoeRouting(WarpRouting):
         self._load_bias(bias, lane, n_count, has_bias, choice, exact)
         for j in cutlass.range_constexpr(slots):
             scores[j] = logits[m, self._expert(j, lane, n_count, exact)].to(Float32)
-        for j in cutlass.range_constexpr(slots):
-            scores[j] = handoff_buffer.score_bits(scores[j], scoring).bitcast(Float32)
+        handoff_buffer.score_all(scores, slots, scoring)
