@@ -67,29 +67,30 @@ def score_bits(logit: Float32, scoring: Int32) -> Int32:
     logit itself (a softmax needs all of a token's logits at once). The routing op computes
     its scores with this too, so that it routes as the fused router does."""
     word = Int32(0)
-    if scoring == SOFTMAX:
-        word = _word(logit)
-    elif scoring == SQRTSOFTPLUS:
-        word = _word(sqrt_softplus(logit))
-    else:
+    if scoring == SIGMOID:
         word = _word(sigmoid(logit))
+    elif scoring == SOFTMAX:
+        word = _word(logit)
+    else:
+        word = _word(sqrt_softplus(logit))
     return word
 
 
 @cute.jit
 def score_all(values: cute.Tensor, count: cutlass.Constexpr, scoring: Int32):
     """score_bits of values[0..count), in place, as floats: one branch on the scoring for all
-    of them, so each kind's unrolled code is contiguous (the routing kernel runs cold after
-    the layer, and code it skips costs it instruction fetches)."""
-    if scoring == SOFTMAX:
-        for j in cutlass.range_constexpr(count):
-            values[j] = _word(values[j]).bitcast(Float32)
-    elif scoring == SQRTSOFTPLUS:
-        for j in cutlass.range_constexpr(count):
-            values[j] = _word(sqrt_softplus(values[j])).bitcast(Float32)
-    else:
+    of them, sigmoid's code first and sqrtsoftplus's last. The routing kernel runs cold after
+    the layer, and the code a call skips still costs it instruction fetches: with an exact
+    log1p inlined per expert between the others, the routing op measured 3-8 us slower."""
+    if scoring == SIGMOID:
         for j in cutlass.range_constexpr(count):
             values[j] = _word(sigmoid(values[j])).bitcast(Float32)
+    elif scoring == SOFTMAX:
+        for j in cutlass.range_constexpr(count):
+            values[j] = _word(values[j]).bitcast(Float32)
+    else:
+        for j in cutlass.range_constexpr(count):
+            values[j] = _word(sqrt_softplus(values[j])).bitcast(Float32)
 
 
 @cute.jit
