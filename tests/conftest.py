@@ -74,3 +74,17 @@ def call_in(mode: str, op, *args):
         return op(*args)
     torch.compiler.reset()  # each case compiles afresh (no recompile limit across cases)
     return torch.compile(lambda *a: op(*a), backend="eager", fullgraph=True)(*args)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The skipped tests' reasons, once each with a count (pytest -ra lists every test
+    function that skipped: dozens of lines saying "no GPU")."""
+    reasons = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.section("skipped, by reason")
+        for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            terminalreporter.line(f"{count:5d}  {reason}")
