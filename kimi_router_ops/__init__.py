@@ -4,6 +4,7 @@
     logits = kimi_router_ops.router_gemm(hidden_states, fp32_or_bf16_weight, bias)
     weights, ids, logits = kimi_router_ops.ll_bf16_router(hidden_states, router_weight, bias, top_k)
     weights, ids = kimi_router_ops.moe_routing(logits, bias, top_k)       # routing alone
+    weights, ids, logits, proj = kimi_router_ops.router_and_projection(x, w, p, bias, top_k)
 
 Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
 """
@@ -46,6 +47,9 @@ if _os.environ.get("KIMI_ROUTER_OPS_BUILD") != "1":
     )
     from .router_linear import RouterLinear
 
+
+
+del _os, _Path, _torch, _version
 
 
 def __getattr__(name):

@@ -15,12 +15,11 @@ Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_re
 """
 
 import argparse
-import datetime
 
 import torch
 
 import kimi_router_ops
-from .gemm import git_commit, parse_bench_args, save_report, two_way_markdown
+from .gemm import parse_bench_args, report_header, save_report, two_way_markdown
 from .router import CONFIGS
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies
 
@@ -110,11 +109,7 @@ def main():
     parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
     args = parse_bench_args(parser)
     results, layer_us = run(args.shapes, args.m, args.replays)
-    report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "layer_us": round(layer_us, 3), "results": results,
-    }
+    report = report_header(layer_us=round(layer_us, 3), results=results)
     save_report(args.out, "chain", report, markdown(report))
 
 

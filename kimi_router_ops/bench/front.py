@@ -17,7 +17,6 @@ Writes <out>/front.json, front.md.
 """
 
 import argparse
-import datetime
 import os
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
-from .gemm import git_commit, parse_bench_args, save_report, two_way_markdown
+from .gemm import parse_bench_args, report_header, save_report, two_way_markdown
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us
 
 N, K, LATENT, TOP_K, BLOCKS, EPS = 896, 7168, 3584, 16, 8, 1e-6
@@ -130,11 +129,7 @@ def main():
     parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
     args = parse_bench_args(parser)
     results, layer_us = run(args.m, args.replays)
-    report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "layer_us": round(layer_us, 3), "results": results,
-    }
+    report = report_header(layer_us=round(layer_us, 3), results=results)
     save_report(args.out, "front", report, markdown(report))
 
 

@@ -102,6 +102,15 @@ def git_commit() -> str:
         return "unknown"
 
 
+def report_header(**fields) -> dict:
+    """The start of every benchmark's JSON report: when, which commit, GPU and torch, then
+    `fields`."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **fields,
+    }
+
+
 def run(shapes, m_list, replays, sweep=False):
     from tqdm import tqdm
 

@@ -10,14 +10,13 @@ graphs of one call per weight copy (cold weights): after the layer (a non-PDL ke
 """
 
 import argparse
-import datetime
 
 import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from .gemm import git_commit, hbm_read_bandwidth, parse_bench_args, save_report, two_way_markdown
+from .gemm import hbm_read_bandwidth, parse_bench_args, report_header, save_report, two_way_markdown
 from .timing import after_layer_timer, graph_time_us, l2_bytes
 
 # (K, N): vLLM's fp32_router_gemm shapes (MiniMax-M2, MiniMax-M3, 6144 x 256), one it lacks,
@@ -105,11 +104,7 @@ def main():
     args = parse_bench_args(parser)
     shapes = FP32_SHAPES + (SWEEP_SHAPES if args.sweep else ())
     results, layer_us = run(shapes, args.m, args.replays, args.candidates)
-    report = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "hbm_tb_s": round(hbm_read_bandwidth() / 1e12, 3), "layer_us": round(layer_us, 3), "results": results,
-    }
+    report = report_header(hbm_tb_s=round(hbm_read_bandwidth() / 1e12, 3), layer_us=round(layer_us, 3), results=results)
     save_report(args.out, "precisions", report, markdown(report))
 
 

@@ -5,7 +5,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Float32, Int32
 
 from ..variants import TRIGGERS
 
@@ -16,6 +16,25 @@ def strided_columns(s, tidx, kv_count, threads: int, unroll: int):
     (in bounds), then never used or stored."""
     kv = [s * (threads * unroll) + u * threads + tidx for u in range(unroll)]
     return kv, [cutlass.min(k, kv_count - 1) for k in kv]
+
+
+@cute.jit
+def store_warp_sums(acc, partials, lane, warp, max_m: cutlass.Constexpr, rows: cutlass.Constexpr):
+    """Each warp's sum over its lanes of acc[m, r] into partials[m * rows + r, warp]."""
+    for m in cutlass.range_constexpr(max_m):
+        for r in cutlass.range_constexpr(rows):
+            total = cute.arch.warp_reduction_sum(acc[m, r])
+            if lane == 0:
+                partials[m * rows + r, warp] = total
+
+
+@cute.jit
+def sum_of_warps(partials, row, num_warps: cutlass.Constexpr):
+    """partials[row, 0] + partials[row, 1] + ..., in warp order (bitwise repeatable)."""
+    total = Float32(0.0)
+    for wi in cutlass.range_constexpr(num_warps):
+        total = total + partials[row, wi]
+    return total
 
 
 class RouterGemm:

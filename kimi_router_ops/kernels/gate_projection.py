@@ -25,6 +25,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
+from .common import store_warp_sums, sum_of_warps
+
 VEC = 8  # bf16 elements of one 16-byte load
 RESIDENT_TOKENS = 2
 
@@ -120,18 +122,13 @@ class GateProjection:
                         for e in cutlass.range_constexpr(VEC):
                             a = a + xf[e] * wf[e]
                         acc[m, r] = a
-            for m in cutlass.range_constexpr(max_m):
-                for r in cutlass.range_constexpr(rows):
-                    total = cute.arch.warp_reduction_sum(acc[m, r])
-                    if lane == 0:
-                        partials[slot, m * rows + r, warp] = total
+            mine = partials[slot, None, None]
+            store_warp_sums(acc, mine, lane, warp, max_m, rows)
             cute.arch.sync_threads()
             if tidx < max_m * rows:
                 m = tidx // rows
                 r = tidx - m * rows
-                total = Float32(0.0)
-                for wi in cutlass.range_constexpr(num_warps):
-                    total = total + partials[slot, tidx, wi]
+                total = sum_of_warps(mine, tidx, num_warps)
                 if m < xv.shape[0]:
                     if tile < gate_tiles:
                         row = tile * rows + r

@@ -26,7 +26,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
 from . import handoff as handoff_buffer
-from .common import RouterGemm, strided_columns
+from .common import RouterGemm, store_warp_sums, strided_columns, sum_of_warps
 
 
 class LLBf16Dotprod(RouterGemm):
@@ -179,18 +179,12 @@ class LLBf16Dotprod(RouterGemm):
         partials = smem.allocate_tensor(
             Float32, cute.make_layout((max_m * rows, num_warps), stride=(num_warps, 1)), 16
         )
-        for m in cutlass.range_constexpr(max_m):
-            for r in cutlass.range_constexpr(rows):
-                total = cute.arch.warp_reduction_sum(acc[m, r])
-                if lane == 0:
-                    partials[m * rows + r, warp] = total
+        store_warp_sums(acc, partials, lane, warp, max_m, rows)
         cute.arch.sync_threads()
         if tidx < max_m * rows:
             m = tidx // rows
             r = tidx - m * rows
-            total = Float32(0.0)
-            for wi in cutlass.range_constexpr(num_warps):
-                total = total + partials[tidx, wi]
+            total = sum_of_warps(partials, tidx, num_warps)
             if m_first + m < m_count and n_first + r < n_count:
                 if has_gate_bias != 0:
                     total = total + gate
