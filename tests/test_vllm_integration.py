@@ -383,3 +383,23 @@ print("ok")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                             env={**os.environ, "TRITON_INTERPRET": "1"})
     assert result.returncode == 0 and "ok" in result.stdout, (result.stdout + result.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("n", [256, 384])  # DeepSeek-V4-Flash's and V4-Pro's experts
+def test_fused_topk_bias_serves_deepseek_v4s_sqrtsoftplus(n, op_calls):
+    """vLLM's sqrtsoftplus kernels are CUDA only: judged by the float64 formula of vLLM's test."""
+    g = torch.Generator().manual_seed(n)
+    logits, bias = torch.randn(17, n, generator=g) * 3, torch.randn(n, generator=g) * 0.1
+    weights, ids = fused_topk_bias_router.fused_topk_bias(
+        logits, logits, "sqrtsoftplus", bias, 6, True, routed_scaling_factor=1.5)
+    assert op_calls == ["moe_routing"]
+    check_routing(weights, ids, logits, bias, 6, 1,
+                  reference_routing(logits, bias, 6, 1, 1, True, 1.5, "sqrtsoftplus"), "sqrtsoftplus")
+
+
+def test_grouped_topk_keeps_vllms_error_for_sqrtsoftplus(op_calls):
+    """vLLM's grouped_topk has no sqrtsoftplus: its own error, not our routing."""
+    logits = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="Unsupported scoring function"):
+        grouped_topk_router.grouped_topk(logits, logits, 4, True, 8, 4, "sqrtsoftplus", 1.0, torch.zeros(64))
+    assert op_calls == []

@@ -5,6 +5,9 @@ biased scores when there is a bias and by its best score otherwise."""
 import torch
 
 ROUTED_DTYPES = (torch.float32, torch.bfloat16)
+# The engines' scoring names the ops share; most engine functions know the first two only
+# (an unknown one must keep raising the engine's own error).
+CLASSIC_SCORINGS = ("sigmoid", "softmax")
 
 
 def gate_dtypes_served(x_dtype, weight_dtype) -> bool:
@@ -14,18 +17,21 @@ def gate_dtypes_served(x_dtype, weight_dtype) -> bool:
     return weight_dtype == torch.float32 and x_dtype in ROUTED_DTYPES
 
 
-def routes(gating_output, bias, scoring_func, top_k, n_group, topk_group) -> bool:
-    """Whether moe_routing computes what the engine's routing function computes here: the
-    scoring, dtypes and shapes it takes, and a group rule that is ours (the two best with
-    sigmoid, the best with softmax; with every group kept the rule does not matter)."""
-    if scoring_func not in ("sigmoid", "softmax") or gating_output.dtype not in ROUTED_DTYPES:
+def routes(gating_output, bias, scoring_func, top_k, n_group, topk_group, scorings=CLASSIC_SCORINGS) -> bool:
+    """Whether moe_routing computes what the engine's routing function computes here: a
+    scoring of `scorings` (those the engine's function has), the dtypes and shapes it takes,
+    and a group rule that is ours (the two best with sigmoid, the best with softmax; with
+    every group kept the rule does not matter, and sqrtsoftplus, DeepSeek-V4's, is served
+    only so)."""
+    if scoring_func not in scorings or gating_output.dtype not in ROUTED_DTYPES:
         return False
     if gating_output.dim() != 2 or (bias is not None and (bias.dtype not in ROUTED_DTYPES or bias.dim() != 1)):
         return False
     n = gating_output.shape[-1]
     if n_group < 1 or n % n_group or not 1 <= topk_group <= n_group:
         return False
-    if n_group > 1 and scoring_func == "sigmoid" and n // n_group < 2:
+    if n_group > 1 and scoring_func != "softmax" and n // n_group < 2:
         return False
-    same_rule = topk_group >= n_group or (bias is not None) == (scoring_func == "sigmoid")
+    same_rule = topk_group >= n_group or (
+        scoring_func != "sqrtsoftplus" and (bias is not None) == (scoring_func == "sigmoid"))
     return 1 <= top_k <= topk_group * (n // n_group) and same_rule

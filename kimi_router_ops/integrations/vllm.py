@@ -15,8 +15,9 @@ anything else runs vLLM's own code):
 - The routing: vLLM's `grouped_topk` (DeepSeek-V3 and V2 families, GroupedTopKRouter)
   becomes `moe_routing` where the scoring is sigmoid or softmax and vLLM's group score is
   ours: the sum of the two best with a bias (our sigmoid), the best without one (our
-  softmax), or no group dropped; `fused_topk_bias` (sigmoid routers with a bias and no
-  groups: Kimi-K2/K3, GLM-4.5, ...; FusedTopKBiasRouter) likewise. vLLM has no registry for these
+  softmax), or no group dropped; `fused_topk_bias` (routers with a bias and no groups:
+  sigmoid for Kimi-K2/K3, GLM-4.5, ...; DeepSeek-V4's sqrtsoftplus outside its hash-routed
+  layers; FusedTopKBiasRouter) likewise. vLLM has no registry for these
   functions, so the plugin rebinds the module attributes its routers call; a vLLM without
   them is left alone (and the log says so).
 
@@ -211,13 +212,14 @@ def grouped_topk(hidden_states, gating_output, topk, renormalize, num_expert_gro
 def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correction_bias, topk, renormalize,
                     indices_type=None, input_tokens=None, hash_indices_table=None, routed_scaling_factor=1.0,
                     bias_vl=None, image_sentinel_lo=0):
-    """vLLM's fused_topk_bias (its signature) on moe_routing, for sigmoid routers with no
-    token-hash or image routing, int32 ids and no padding rows to mask (vLLM's kernel
-    masks them when VLLM_MOE_SKIP_PADDING is on)."""
+    """vLLM's fused_topk_bias (its signature) on moe_routing, for sigmoid routers and
+    DeepSeek-V4's sqrtsoftplus ones with no token-hash or image routing, int32 ids and no
+    padding rows to mask (vLLM's kernel masks them when VLLM_MOE_SKIP_PADDING is on)."""
     plain = input_tokens is None and hash_indices_table is None and bias_vl is None
-    if plain and scoring_func == "sigmoid" and indices_type in (None, torch.int32) \
+    if plain and scoring_func in ("sigmoid", "sqrtsoftplus") and indices_type in (None, torch.int32) \
             and _padding_mask(gating_output.shape[0]) is None \
-            and routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1):
+            and routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1,
+                       scorings=("sigmoid", "sqrtsoftplus")):
         return ops.moe_routing(gating_output, e_score_correction_bias, topk, 1, 1, renormalize,
                                routed_scaling_factor, scoring_func)
     return _originals["fused_topk_bias"](
