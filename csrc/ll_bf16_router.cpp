@@ -41,7 +41,7 @@ void check_router_inputs(const char* op, const Tensor& x, const Tensor& w,
   } else {
     check_router_gemm_inputs(x, w, gate_bias, kFloat, op, "gate_bias");
   }
-  check_routing_args(op, w.size(0), w.device(), "router_weight", bias, r);
+  check_routing_args(op, x.size(0), w.size(0), w.device(), "router_weight", bias, r);
 }
 
 std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
@@ -108,7 +108,7 @@ std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_
              " N=", N, " K=", K);
   // A problem the op rejects gets the op's error.
   const RoutingParams r = routing_params(kOp, top_k, n_group, topk_group, true, 1.0, scoring);
-  check_routing_args(kOp, N, std::nullopt, "router_weight", std::nullopt, r);
+  check_routing_args(kOp, M, N, std::nullopt, "router_weight", std::nullopt, r);
   KIMI_CHECK((weight_dtype == kFloat || weight_dtype == kBFloat16) &&
                  (x_dtype == kFloat || x_dtype == kBFloat16),
              "ll_bf16_router_variant: weight_dtype and x_dtype must be torch.bfloat16 or "
@@ -135,7 +135,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
       "router_with_variant(Tensor hidden_states, Tensor router_weight, "
       "Tensor? e_score_correction_bias, int top_k, int n_group, int topk_group, "
       "bool renormalize, float routed_scaling_factor, str variant, str scoring=\"sigmoid\", "
-      "Tensor? gate_bias=None) -> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+      "Tensor? gate_bias=None, Tensor? input_ids=None, Tensor? hash_table=None) "
+      "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
   // Which kernel the CUDA op runs for a problem: a fused router row, "gemm+moe_routing" or
   // "reference".
   m.def(
@@ -147,7 +148,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
       "router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
       "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
-      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None) "
+      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None, "
+      "Tensor? input_ids=None, Tensor? hash_table=None) "
       "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
 }
 

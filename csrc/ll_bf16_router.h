@@ -65,21 +65,23 @@ struct RouterOps {
   static RouterOutputs router(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
                               int64_t top_k, int64_t n_group, int64_t topk_group,
                               bool renormalize, double routed_scaling_factor,
-                              const std::string& scoring, const OptionalTensor& gate_bias) {
+                              const std::string& scoring, const OptionalTensor& gate_bias,
+                              const OptionalTensor& input_ids, const OptionalTensor& hash_table) {
     const char* op = "router";
     return Route(op, nullptr, x, w, bias, gate_bias,
                  routing_params(op, top_k, n_group, topk_group, renormalize,
-                                routed_scaling_factor, scoring));
+                                routed_scaling_factor, scoring, input_ids, hash_table));
   }
 
   static RouterOutputs router_with_variant(
       const Tensor& x, const Tensor& w, const OptionalTensor& bias, int64_t top_k,
       int64_t n_group, int64_t topk_group, bool renormalize, double routed_scaling_factor,
-      const std::string& variant, const std::string& scoring, const OptionalTensor& gate_bias) {
+      const std::string& variant, const std::string& scoring, const OptionalTensor& gate_bias,
+      const OptionalTensor& input_ids, const OptionalTensor& hash_table) {
     const char* op = "router_with_variant";
     return Route(op, &router_row_by_name(variant), x, w, bias, gate_bias,
                  routing_params(op, top_k, n_group, topk_group, renormalize,
-                                routed_scaling_factor, scoring));
+                                routed_scaling_factor, scoring, input_ids, hash_table));
   }
 
   // Registers the three for one dispatch key (STABLE_TORCH_LIBRARY_IMPL's library).

@@ -11,6 +11,12 @@
 //   weights = scores[ids], divided by (their sum + 1e-20) if renormalize, times
 //             routed_scaling_factor
 //
+// A bias that is not finite is an error on the CPU and makes every weight NaN on a GPU.
+// A hash-routed layer (input_ids and hash_table given) takes ids = hash_table[input_ids]
+// instead of choosing (no bias, no groups), and the weights the same way. On the CPU an
+// index outside the table or an expert outside [0, N) is an error; a GPU, which cannot say
+// so without a sync, routes that slot to expert 0 with a NaN weight.
+//
 // This file has the schema, the contract shared with the router op, and the reference (the
 // routing as ATen ops), which the CPU runs; CUDA runs the kernel of
 // kernels/moe_routing.py where it fits (csrc/cuda/moe_routing_cuda.cpp).
@@ -32,12 +38,19 @@ RoutingScalars RoutingParams::kernel_scalars(bool has_bias) const {
   s.has_bias = has_bias ? 1 : 0;
   s.scoring = static_cast<int32_t>(scoring);
   s.scaling = static_cast<float>(routed_scaling_factor);
+  // An int64 is two of the kernels' int32 words (csrc/cuda/kernel_support.h: hash_args).
+  const auto words = [](const OptionalTensor& t) {
+    return !t.has_value() ? 0 : t->scalar_type() == ScalarType::Long ? 2 : 1;
+  };
+  s.ids_words = words(input_ids);
+  s.table_words = words(hash_table);
   return s;
 }
 
 RoutingParams routing_params(const char* op, int64_t top_k, int64_t n_group, int64_t topk_group,
                              bool renormalize, double routed_scaling_factor,
-                             const std::string& scoring) {
+                             const std::string& scoring, const OptionalTensor& input_ids,
+                             const OptionalTensor& hash_table) {
   // A NaN or negative scale would turn every weight into a valid-looking wrong one.
   KIMI_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0, op,
              ": routed_scaling_factor must be finite and > 0, got ", routed_scaling_factor);
@@ -45,7 +58,8 @@ RoutingParams routing_params(const char* op, int64_t top_k, int64_t n_group, int
   std::ostringstream names;
   for (int i = 0; i < kCount; ++i) {
     if (scoring == kScoringNames[i]) {
-      return {top_k, n_group, topk_group, renormalize, routed_scaling_factor, Scoring(i)};
+      return {top_k,      n_group,       topk_group, renormalize, routed_scaling_factor,
+              Scoring(i), input_ids, hash_table};
     }
     names << (i == 0 ? "" : i + 1 == kCount ? " or " : ", ") << "'" << kScoringNames[i] << "'";
   }
@@ -53,7 +67,62 @@ RoutingParams routing_params(const char* op, int64_t top_k, int64_t n_group, int
       message(op, ": scoring must be ", names.str(), ", got '", scoring, "'"));
 }
 
-void check_routing_args(const char* op, int64_t N, const std::optional<Device>& device,
+namespace {
+
+bool is_index_dtype(const Tensor& t) {
+  return t.scalar_type() == kInt || t.scalar_type() == ScalarType::Long;
+}
+
+// Element i of an int32 or int64 tensor on the CPU, `stride` elements apart.
+int64_t index_at(const Tensor& t, int64_t i, int64_t stride) {
+  return t.scalar_type() == kInt ? static_cast<const int32_t*>(t.data_ptr())[i * stride]
+                                 : static_cast<const int64_t*>(t.data_ptr())[i * stride];
+}
+
+// A hash-routed call's tensors: shapes, dtypes, device, and on the CPU every index used.
+void check_hash_args(const char* op, int64_t M, int64_t N, const std::optional<Device>& device,
+                     const char* device_of, const RoutingParams& r) {
+  KIMI_CHECK(r.input_ids.has_value() == r.hash_table.has_value(), op,
+             ": input_ids and hash_table go together (a hash-routed layer takes both), got ",
+             r.input_ids.has_value() ? "input_ids without hash_table" : "hash_table without input_ids");
+  if (!r.hashed()) {
+    return;
+  }
+  const Tensor& ids = *r.input_ids;
+  const Tensor& table = *r.hash_table;
+  KIMI_CHECK(is_index_dtype(ids), op, ": input_ids must be torch.int32 or torch.int64, got ",
+             dtype_name(ids.scalar_type()));
+  KIMI_CHECK(is_index_dtype(table), op, ": hash_table must be torch.int32 or torch.int64, got ",
+             dtype_name(table.scalar_type()));
+  KIMI_CHECK(M < 0 || (ids.dim() == 1 && ids.size(0) == M), op,
+             ": input_ids must have shape [M]=[", M, "], got ", ids.sizes());
+  KIMI_CHECK(table.dim() == 2 && table.size(0) >= 1 && table.size(1) == r.top_k, op,
+             ": hash_table must have shape [V, top_k=", r.top_k, "] with V >= 1, got ",
+             table.sizes());
+  for (const Tensor* t : {&ids, &table}) {
+    KIMI_CHECK(!device.has_value() || t->device() == *device, op, ": ",
+               t == &ids ? "input_ids" : "hash_table", " must be on the device of ", device_of,
+               ", got ", t->device(), " and ", *device);
+  }
+  if (ids.device().type() != torch::headeronly::DeviceType::CPU) {
+    return;  // a GPU flags a bad index in the routing (NaN weights) instead of a sync here
+  }
+  const int64_t V = table.size(0);
+  for (int64_t m = 0; m < ids.size(0); ++m) {
+    const int64_t token = index_at(ids, m, ids.stride(0));
+    KIMI_CHECK(token >= 0 && token < V, op, ": input_ids must be in [0, V=", V,
+               ") (hash_table's rows), got ", token, " at ", m);
+    for (int64_t i = 0; i < r.top_k; ++i) {
+      const int64_t expert = index_at(table, token * table.stride(0) + i * table.stride(1), 1);
+      KIMI_CHECK(expert >= 0 && expert < N, op, ": hash_table must hold expert ids in [0, N=",
+                 N, "), got ", expert, " at [", token, ", ", i, "]");
+    }
+  }
+}
+
+}  // namespace
+
+void check_routing_args(const char* op, int64_t M, int64_t N, const std::optional<Device>& device,
                         const char* device_of, const OptionalTensor& bias,
                         const RoutingParams& r) {
   const int64_t top_k = r.top_k, n_group = r.n_group, topk_group = r.topk_group;
@@ -81,7 +150,17 @@ void check_routing_args(const char* op, int64_t N, const std::optional<Device>& 
     KIMI_CHECK(!device.has_value() || b.device() == *device, op,
                ": e_score_correction_bias must be on the device of ", device_of, ", got ",
                b.device(), " and ", *device);
+    if (b.device().type() == torch::headeronly::DeviceType::CPU && !r.hashed()) {
+      // (A GPU makes the weights NaN instead: routing_reference, kernels/routing.py.)
+      const Tensor values = torch::stable::contiguous(torch::stable::to(b, kFloat));
+      const float* v = static_cast<const float*>(values.data_ptr());
+      for (int64_t e = 0; e < N; ++e) {
+        KIMI_CHECK(std::isfinite(v[e]), op, ": e_score_correction_bias must be finite, got ",
+                   v[e], " at ", e);
+      }
+    }
   }
+  check_hash_args(op, M, N, device, device_of, r);
 }
 
 bool routing_kernel_fits(int64_t N, const RoutingParams& r, int64_t sm) {
@@ -103,8 +182,43 @@ void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias,
              logits.sizes());
   KIMI_CHECK(logits.size(1) >= 1, kOp, ": logits must have N >= 1 experts, got shape ",
              logits.sizes());
-  check_routing_args(kOp, logits.size(1), logits.device(), "logits", bias, r);
+  check_routing_args(kOp, logits.size(0), logits.size(1), logits.device(), "logits", bias, r);
 }
+
+namespace {
+
+// The picks' scores renormalized (if asked) and scaled.
+Tensor routing_weights(Tensor weights, const RoutingParams& r) {
+  if (r.renormalize) {
+    weights = aten::div(weights, aten::add(aten::sum_last(weights), aten::scalar(1e-20)));
+  }
+  return aten::mul(weights, aten::scalar(r.routed_scaling_factor));
+}
+
+// Hash routing on the scores [M, N]: ids = hash_table[input_ids]. Where an index is out of
+// range (only on a GPU: the CPU's check rejects it) the slot gets expert 0 and a NaN score,
+// as the kernels do.
+std::tuple<Tensor, Tensor> hashed_reference(const Tensor& scores, const RoutingParams& r) {
+  using aten::scalar;
+  const ScalarType kLong = ScalarType::Long;
+  const auto within = [](const Tensor& t, int64_t end) {
+    return call_tensor_op("aten::logical_and", "", call_tensor_op("aten::ge", "Tensor", t, scalar(0, kLong)),
+                          call_tensor_op("aten::lt", "Tensor", t, scalar(double(end), kLong)));
+  };
+  const Tensor tokens = torch::stable::to(*r.input_ids, kLong);
+  const Tensor table = torch::stable::to(*r.hash_table, kLong);
+  const Tensor token_ok = within(tokens, table.size(0));
+  const Tensor rows = call_tensor_op("aten::where", "self", token_ok, tokens, scalar(0, kLong));
+  Tensor experts = call_tensor_op("aten::index_select", "", table, int64_t(0), rows);
+  const Tensor ok = call_tensor_op("aten::logical_and", "", within(experts, scores.size(1)),
+                                   torch::stable::unsqueeze(token_ok, -1));
+  experts = call_tensor_op("aten::where", "self", ok, experts, scalar(0, kLong));
+  const Tensor picked = call_tensor_op("aten::where", "self", ok, aten::gather_last(scores, experts),
+                                       scalar(std::numeric_limits<double>::quiet_NaN()));
+  return {routing_weights(picked, r), torch::stable::to(experts, kInt)};
+}
+
+}  // namespace
 
 std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits_in, const OptionalTensor& bias,
                                              const RoutingParams& r) {
@@ -116,6 +230,9 @@ std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits_in, const Opti
   const Tensor scores = softmax ? aten::softmax_last(logits)
                         : r.scoring == Scoring::kSqrtsoftplus ? aten::sqrt_softplus(logits)
                                                                : aten::sigmoid(logits);
+  if (r.hashed()) {
+    return hashed_reference(scores, r);
+  }
   Tensor choice = bias.has_value() ? aten::add(scores, torch::stable::to(*bias, kFloat)) : scores;
   if (topk_group < n_group) {
     const Tensor grouped = torch::stable::view(choice, {M, n_group, N / n_group});
@@ -128,11 +245,15 @@ std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits_in, const Opti
         aten::masked_fill(grouped, dropped, -std::numeric_limits<double>::infinity()), {M, N});
   }
   const Tensor ids = aten::top_indices(choice, top_k);
-  Tensor weights = aten::gather_last(scores, ids);
-  if (r.renormalize) {
-    weights = aten::div(weights, aten::add(aten::sum_last(weights), aten::scalar(1e-20)));
+  Tensor weights = routing_weights(aten::gather_last(scores, ids), r);
+  if (bias.has_value()) {
+    // A bias that is not finite (only on a GPU: the CPU's check rejects it) makes every
+    // weight NaN, as the kernels do, rather than a valid-looking routing.
+    const Tensor finite = call_tensor_op("aten::all", "", call_tensor_op("aten::isfinite", "", *bias));
+    weights = call_tensor_op("aten::where", "self", finite, weights,
+                             aten::scalar(std::numeric_limits<double>::quiet_NaN()));
   }
-  return {aten::mul(weights, aten::scalar(r.routed_scaling_factor)), torch::stable::to(ids, kInt)};
+  return {weights, torch::stable::to(ids, kInt)};
 }
 
 namespace {
@@ -140,9 +261,11 @@ namespace {
 std::tuple<Tensor, Tensor> moe_routing_cpu(const Tensor& logits, const OptionalTensor& bias,
                                            int64_t top_k, int64_t n_group, int64_t topk_group,
                                            bool renormalize, double routed_scaling_factor,
-                                           const std::string& scoring) {
-  const RoutingParams r =
-      routing_params(kOp, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring);
+                                           const std::string& scoring,
+                                           const OptionalTensor& input_ids,
+                                           const OptionalTensor& hash_table) {
+  const RoutingParams r = routing_params(kOp, top_k, n_group, topk_group, renormalize,
+                                         routed_scaling_factor, scoring, input_ids, hash_table);
   check_moe_routing_inputs(logits, bias, r);
   return routing_reference(logits, bias, r);
 }
@@ -153,7 +276,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
       "moe_routing(Tensor logits, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
       "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
-      "str scoring=\"sigmoid\") -> (Tensor topk_weights, Tensor topk_ids)");
+      "str scoring=\"sigmoid\", Tensor? input_ids=None, Tensor? hash_table=None) "
+      "-> (Tensor topk_weights, Tensor topk_ids)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("moe_routing", TORCH_BOX(&moe_routing_cpu)); }

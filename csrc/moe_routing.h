@@ -14,7 +14,11 @@ struct RoutingParams {
   bool renormalize;
   double routed_scaling_factor;
   Scoring scoring;
+  // A hash-routed layer (DeepSeek-V4's first ones): ids = hash_table[input_ids], input_ids
+  // int32/int64 [M], hash_table int32/int64 [V, top_k]; both or neither.
+  OptionalTensor input_ids, hash_table;
 
+  bool hashed() const { return hash_table.has_value(); }
   // The same as the kernels take them, with or without a score-correction bias.
   RoutingScalars kernel_scalars(bool has_bias) const;
 };
@@ -23,12 +27,15 @@ struct RoutingParams {
 // Scoring, lower case).
 RoutingParams routing_params(const char* op, int64_t top_k, int64_t n_group, int64_t topk_group,
                              bool renormalize, double routed_scaling_factor,
-                             const std::string& scoring);
+                             const std::string& scoring,
+                             const OptionalTensor& input_ids = std::nullopt,
+                             const OptionalTensor& hash_table = std::nullopt);
 
-// The routing's contract on N experts (every routing op calls it; `op` names the op in
-// the messages): n_group, topk_group, top_k and the bias. `device` is where the bias must
-// be (nullopt: no device to compare, as for the op that only names a kernel).
-void check_routing_args(const char* op, int64_t N, const std::optional<Device>& device,
+// The routing's contract on M tokens and N experts (every routing op calls it; `op` names
+// the op in the messages): n_group, topk_group, top_k, the bias and the hash routing's
+// tensors (on the CPU, their values too). `device` is where the tensors must be (nullopt:
+// no device to compare, as for the op that only names a kernel).
+void check_routing_args(const char* op, int64_t M, int64_t N, const std::optional<Device>& device,
                         const char* device_of, const OptionalTensor& bias,
                         const RoutingParams& r);
 

@@ -68,8 +68,8 @@ namespace {
 const std::vector<int64_t> kLastDim{-1};
 }  // namespace
 
-Tensor scalar(double value) {
-  return torch::stable::full(std::vector<int64_t>{}, value, kFloat);
+Tensor scalar(double value, ScalarType dtype) {
+  return torch::stable::full(std::vector<int64_t>{}, value, dtype);
 }
 
 // add.Tensor's alpha is a Scalar, which the stable ABI cannot pass; a - (-1) * b is

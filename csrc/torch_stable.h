@@ -128,7 +128,7 @@ Tensor call_tensor_op(const char* name, const char* overload, const Args&... arg
 // the other operand's dtype, as a Scalar argument would).
 namespace aten {
 
-Tensor scalar(double value);
+Tensor scalar(double value, ScalarType dtype = kFloat);
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);

@@ -104,27 +104,30 @@ def ll_bf16_router(hidden_states: Tensor, router_weight: Tensor, e_score_correct
 
 def router(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None = None,
            top_k: int | None = None, n_group: int = 1, topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
-           scoring: str = "sigmoid", gate_bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+           scoring: str = "sigmoid", gate_bias: Tensor | None = None, input_ids: Tensor | None = None,
+           hash_table: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """`ll_bf16_router` for any gate precision: logits = `router_gemm(hidden_states,
     router_weight, gate_bias)` (bf16 or fp32 weights; the gate bias, of the weights' dtype,
     is part of the logits, as gpt-oss's router adds it), then the same routing. Returns
     (topk_weights fp32 [M, top_k], topk_ids int32 [M, top_k], logits fp32 [M, N]); one launch
-    where a fused kernel serves the problem (bf16 hidden_states)."""
+    where a fused kernel serves the problem (bf16 hidden_states). A hash-routed layer passes
+    `input_ids` and `hash_table`, as `moe_routing`."""
     return _ops.router.default(hidden_states, router_weight, e_score_correction_bias, _required(top_k, "router"),
-                               n_group, topk_group,
-                               renormalize, routed_scaling_factor, scoring, gate_bias)
+                               n_group, topk_group, renormalize, routed_scaling_factor, scoring, gate_bias,
+                               input_ids, hash_table)
 
 
 def router_with_variant(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None,
                         top_k: int, n_group: int, topk_group: int, renormalize: bool, routed_scaling_factor: float,
-                        variant: str, scoring: str = "sigmoid",
-                        gate_bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                        variant: str, scoring: str = "sigmoid", gate_bias: Tensor | None = None,
+                        input_ids: Tensor | None = None,
+                        hash_table: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """`router` with the fused kernel named: a row of variants.ROUTER_VARIANTS, which must
     serve the problem on this GPU (`RuntimeError` otherwise). The CPU checks the name and
     runs the reference. For benchmarks and tests."""
     return _ops.router_with_variant.default(hidden_states, router_weight, e_score_correction_bias, top_k, n_group,
                                             topk_group, renormalize, routed_scaling_factor, variant, scoring,
-                                            gate_bias)
+                                            gate_bias, input_ids, hash_table)
 
 
 def router_and_projection(hidden_states: Tensor, router_weight: Tensor, projection_weight: Tensor,
@@ -161,18 +164,24 @@ def chosen_router_variant(M: int, N: int, K: int, top_k: int, n_group: int = 1, 
 def moe_routing(logits: Tensor, e_score_correction_bias: Tensor | None = None, top_k: int | None = None,
                 n_group: int = 1,
                 topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
-                scoring: str = "sigmoid") -> tuple[Tensor, Tensor]:
+                scoring: str = "sigmoid", input_ids: Tensor | None = None,
+                hash_table: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The routing of `ll_bf16_router` on logits you already have (fp32 or bf16 [M, N]):
-    sigmoid or (scoring="softmax") softmax scores, the score-correction bias for the choice
-    only, grouped top-k, weights from the unbiased scores, renormalized and scaled.
+    sigmoid, softmax or sqrtsoftplus scores, the score-correction bias for the choice only,
+    grouped top-k, weights from the unbiased scores, renormalized and scaled.
 
     Returns (topk_weights fp32 [M, top_k], topk_ids int32 [M, top_k]), in the order and with
     the tie rule of `ll_bf16_router`; given that op's logits, its ids and weights bit for
     bit. On sm_90 / sm_100 GPUs (N <= 1024, top_k <= 32) one PDL-launched kernel, one warp
-    a token; elsewhere the routing as torch ops."""
+    a token; elsewhere the routing as torch ops.
+
+    A hash-routed layer (DeepSeek-V4's first layers) passes `input_ids` [M] and `hash_table`
+    [V, top_k] (int32 or int64): ids = hash_table[input_ids] in the table's order, weights
+    the scores at those ids (renormalized, scaled), the bias and groups unused. An index out
+    of range is an error on the CPU; on a GPU that slot gets expert 0 and a NaN weight."""
     return _ops.moe_routing.default(logits, e_score_correction_bias, _required(top_k, "moe_routing"), n_group,
-                                    topk_group, renormalize,
-                                    routed_scaling_factor, scoring)
+                                    topk_group, renormalize, routed_scaling_factor, scoring, input_ids,
+                                    hash_table)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:

@@ -412,10 +412,13 @@ class Scoring(IntEnum):
 
 
 # The routing arguments every routing kernel takes after its tensors, in order: one C struct
-# (RoutingScalars) carries them to the fused router and the routing op's kernels.
+# (RoutingScalars) carries them to the fused router and the routing op's kernels. A hash-routed
+# call (DeepSeek-V4's first layers: ids = hash_table[input_ids]) gives the int32 words an
+# element of input_ids and of hash_table spans (1 for int32, 2 for int64); 0: not hashed.
 ROUTING_SCALARS = (
     ("top_k", "int32"), ("n_group", "int32"), ("topk_group", "int32"), ("renormalize", "int32"),
     ("has_bias", "int32"), ("scoring", "int32"), ("scaling", "float32"),
+    ("ids_words", "int32"), ("table_words", "int32"),
 )
 
 

@@ -194,6 +194,7 @@ def test_fused_topk_bias_is_the_biased_sigmoid_routing(n, top_k, scale, op_calls
 
 
 def test_fused_topk_bias_with_token_hashes_keeps_vllms(monkeypatch, op_calls):
+    """vLLM's sigmoid kernel ignores a hash table and its softmax is not ours: vLLM's own."""
     seen = []
     monkeypatch.setitem(kimi_vllm._originals, "fused_topk_bias", lambda *a, **k: seen.append(k) or "vllm")
     logits = torch.randn(2, 64)
@@ -202,7 +203,31 @@ def test_fused_topk_bias_with_token_hashes_keeps_vllms(monkeypatch, op_calls):
         logits, logits, "sigmoid", torch.zeros(64), 6, True, input_tokens=torch.zeros(2, dtype=torch.long),
         hash_indices_table=hashes) == "vllm"
     assert fused_topk_bias_router.fused_topk_bias(logits, logits, "softmax", torch.zeros(64), 6, True) == "vllm"
-    assert len(seen) == 2 and op_calls == []
+    assert fused_topk_bias_router.fused_topk_bias(
+        logits, logits, "sqrtsoftplus", torch.zeros(64), 6, True, input_tokens=torch.zeros(2, dtype=torch.long),
+        bias_vl=torch.zeros(64), image_sentinel_lo=5) == "vllm"  # image routing
+    assert len(seen) == 3 and op_calls == []
+
+
+@pytest.mark.parametrize("n", [256, 384])
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_fused_topk_bias_serves_deepseek_v4s_hash_layers(n, ids_dtype, op_calls):
+    """A hash-routed layer (tid2eid int32, vLLM's input ids int64 or int32): ids from the
+    table, weights the scores at them, as vLLM's formula (its kernel is CUDA only)."""
+    g = torch.Generator().manual_seed(n)
+    logits, bias = torch.randn(9, n, generator=g) * 3, torch.randn(n, generator=g) * 0.1
+    table = torch.stack([torch.randperm(n, generator=g)[:6] for _ in range(50)]).int()
+    tokens = torch.randint(0, 50, (9,), generator=g).to(ids_dtype)
+    weights, ids = fused_topk_bias_router.fused_topk_bias(
+        logits, logits, "sqrtsoftplus", bias, 6, True, input_tokens=tokens, hash_indices_table=table,
+        routed_scaling_factor=1.5)
+    assert op_calls == ["moe_routing"]
+    scores = torch.nn.functional.softplus(logits.double()).sqrt()
+    expected_ids = table[tokens.long()]
+    expected = scores.gather(1, expected_ids.long())
+    expected = expected / expected.sum(-1, keepdim=True) * 1.5
+    assert ids.dtype == torch.int32 and torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights.double(), expected, rtol=1e-5, atol=0)
 
 
 def attn_res_hooked() -> bool:

@@ -110,6 +110,46 @@ def main():
                                       weights, ids, reference_routing(logits, bias, *route, scoring), top_k,
                                       topk_group)
                         calls += 1
+    if re.search(args.only, "hash"):
+        # Hash-routed layers: the routing kernel and every fused row that serves DeepSeek-V4's
+        # shape, int32 and int64 indices, with out-of-range tokens and experts (flagged: expert
+        # 0, NaN weight; memcheck says nothing is read outside the table).
+        bf16_rows = [r for r in variants.ROUTER_VARIANTS if r.n_min <= 384 <= r.n_max and r.weight_dtype == "bfloat16"]
+        for n, k, m_list, rows in ((384, 7168, (1, 2, 16, 40), [None] + bf16_rows), (1000, 64, (5,), [None])):
+            for m in m_list:
+                for dtype in (torch.int32, torch.int64):
+                    table = torch.randint(0, n, (50, 6), dtype=dtype)
+                    tokens = torch.randint(0, 50, (m,), dtype=dtype)
+                    bad_table, bad_tokens = table.clone(), tokens.clone()
+                    bad_table[tokens[0], 2] = n + 7
+                    bad_tokens[-1] = 50 if m > 1 else bad_tokens[-1]
+                    x = torch.randn(m, k).to(torch.bfloat16)
+                    w = (torch.randn(n, k) * k ** -0.5).to(torch.bfloat16)
+                    for row in rows:
+                        if row is not None and not row.m_lo <= m <= row.m_hi:
+                            continue
+                        name = row and row.name
+                        for tab, tok in ((table, tokens), (bad_table, bad_tokens)):
+                            extra = (name,) if name else ()
+                            call = kimi_router_ops.router_with_variant if name else kimi_router_ops.router
+                            args_ = (x.cuda(), w.cuda(), None, 6, 1, 1, True, 1.5, *extra) if name else (
+                                x.cuda(), w.cuda(), None, 6)
+                            weights, ids, logits = call(*args_, scoring="sqrtsoftplus", input_ids=tok.cuda(),
+                                                        hash_table=tab.cuda())
+                            scores = torch.nn.functional.softplus(logits.cpu().double()).sqrt()
+                            good = (tok >= 0) & (tok < 50)
+                            expected = tab.long()[tok.clamp(0, 49)]
+                            ok = good[:, None] & (expected < n)
+                            want = scores.gather(1, torch.where(ok, expected, 0))
+                            want = want / want.sum(-1, keepdim=True) * 1.5
+                            rows_ok = ok.all(1)
+                            if not (torch.equal(ids.cpu().long()[rows_ok], expected[rows_ok])
+                                    and torch.allclose(weights.cpu().double()[rows_ok], want[rows_ok], rtol=1e-5)
+                                    and weights.cpu()[~rows_ok].isnan().all()):
+                                print(f"hash routing {name or 'router'} m={m} n={n} {dtype}: differs from the "
+                                      "reference")
+                                sys.exit(1)
+                            calls += 1
     if re.search(args.only, "gate_bias"):
         # router_gemm and router with a gate bias (gpt-oss's shape), bf16 and fp32 weights.
         for w_dtype in (torch.bfloat16, torch.float32):

@@ -166,6 +166,30 @@ inline Tensor unit_stride_vector(const Tensor& v) {
   return (v.stride(0) == 1 || v.size(0) == 1) ? v : torch::stable::contiguous(v);
 }
 
+// A hash-routed call's input_ids [M] and hash_table [V, top_k] (int32 or int64) as the
+// routing kernels' int32 words, an int64 two of them, its low word first (the kernels read
+// both: RoutingParams::kernel_scalars says how many). Without them, `standin` for both: the
+// kernels read neither. The tensors copied to a unit inner stride live here until the launch.
+struct HashArgs {
+  TensorArg input_ids, hash_table;
+  Tensor ids_kept, table_kept;
+};
+inline HashArgs hash_args(const OptionalTensor& input_ids, const OptionalTensor& hash_table,
+                          const Tensor& standin) {
+  if (!hash_table.has_value()) {
+    return {matrix_arg(standin), matrix_arg(standin), standin, standin};
+  }
+  const Tensor ids = unit_stride_vector(*input_ids);
+  const Tensor table = unit_inner_stride(*hash_table);
+  const int64_t ids_words = ids.scalar_type() == ScalarType::Long ? 2 : 1;
+  const int64_t table_words = table.scalar_type() == ScalarType::Long ? 2 : 1;
+  const int64_t ids_length = ids.size(0) * ids_words;
+  return {{ids.data_ptr(), {1, int32_t(ids_length)}, {ids_length}},
+          {table.data_ptr(), {int32_t(table.size(0)), int32_t(table.size(1) * table_words)},
+           {row_stride(table) * table_words}},
+          ids, table};
+}
+
 // Makes a device current for the calls of a scope (and restores the previous one).
 using DeviceGuard = torch::stable::accelerator::DeviceGuard;
 

@@ -70,6 +70,9 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   args.weights = matrix_arg(weights);
   args.ids = matrix_arg(ids);
   args.handoff = {router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}};
+  const HashArgs hash = hash_args(routing.input_ids, routing.hash_table, ids);
+  args.input_ids = hash.input_ids;
+  args.hash_table = hash.hash_table;
   args.routing = routing.kernel_scalars(bias_in.has_value());
   args.has_gate_bias = gate_bias.has_value();
   launch_kernel(kRouterKernels, kernel, args, device, stream);

@@ -1,6 +1,6 @@
 // CUDA implementation of the routing op: the PDL-launched routing kernel where it fits
 // (sm_90 / sm_100, N <= 1024, top_k <= 32, at most 32 groups when some are dropped), the
-// ATen reference otherwise.
+// ATen reference otherwise; hash-routed calls too.
 
 #include <limits>
 
@@ -38,6 +38,9 @@ std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits_in, const Opt
   args.bias = row_arg(bias, N);
   args.weights = matrix_arg(weights);
   args.ids = matrix_arg(ids);
+  const HashArgs hash = hash_args(r.input_ids, r.hash_table, ids);
+  args.input_ids = hash.input_ids;
+  args.hash_table = hash.hash_table;
   args.routing = r.kernel_scalars(bias_in.has_value());
   launch_kernel(kRoutingKernels, *kernel, args, device, current_stream(device));
   return {weights, ids};
@@ -48,9 +51,11 @@ namespace {
 std::tuple<Tensor, Tensor> moe_routing_cuda(const Tensor& logits, const OptionalTensor& bias,
                                             int64_t top_k, int64_t n_group, int64_t topk_group,
                                             bool renormalize, double routed_scaling_factor,
-                                            const std::string& scoring) {
+                                            const std::string& scoring,
+                                            const OptionalTensor& input_ids,
+                                            const OptionalTensor& hash_table) {
   const RoutingParams r = routing_params("moe_routing", top_k, n_group, topk_group, renormalize,
-                                         routed_scaling_factor, scoring);
+                                         routed_scaling_factor, scoring, input_ids, hash_table);
   check_moe_routing_inputs(logits, bias, r);
   const DeviceGuard guard(logits.get_device_index());
   return moe_routing_on_gpu(logits, bias, r);

@@ -158,13 +158,16 @@ def router_object(row):
 
 
 def _routing_outputs(m, n, bias_dtype):
-    """bias [1, N], weights and ids [M, top_k]."""
+    """bias [1, N], weights and ids [M, top_k]; a hash-routed call's input_ids [1, M x words]
+    and hash_table [V, top_k x words] as int32 words."""
     import cutlass
     import cutlass.cute as cute
 
-    top_k = cute.sym_int32(symbol="TOPK")
-    return {"bias": _row_major(bias_dtype, (cute.sym_int32(symbol="ONE"), n)),
-            "weights": _row_major(cutlass.Float32, (m, top_k)), "ids": _row_major(cutlass.Int32, (m, top_k))}
+    top_k, one = cute.sym_int32(symbol="TOPK"), cute.sym_int32(symbol="ONE")
+    return {"bias": _row_major(bias_dtype, (one, n)),
+            "weights": _row_major(cutlass.Float32, (m, top_k)), "ids": _row_major(cutlass.Int32, (m, top_k)),
+            "input_ids": _row_major(cutlass.Int32, (one, cute.sym_int32(symbol="IDS"))),
+            "hash_table": _row_major(cutlass.Int32, (cute.sym_int32(symbol="V"), cute.sym_int32(symbol="C")))}
 
 
 def _compile_router(k):
@@ -281,8 +284,8 @@ FAMILIES = (
             ("c10::ScalarType", "x_dtype", lambda k: SCALAR_TYPES[k.x_dtype]),
             ("c10::ScalarType", "out_dtype", lambda k: SCALAR_TYPES[k.out_dtype])),
            _gemm_kernels, _compile_gemm),
-    Family("Router", _params("x w gate_bias bias logits weights ids handoff:tensor routing:routing "
-                             "has_gate_bias:int32"),
+    Family("Router", _params("x w gate_bias bias logits weights ids handoff input_ids hash_table:tensor "
+                             "routing:routing has_gate_bias:int32"),
            (("int", "router", lambda k: _index(v.ROUTER_VARIANTS, k.row)),
             ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.bias_dtype])),
            _router_kernels, _compile_router),
@@ -290,7 +293,7 @@ FAMILIES = (
            (("int", "m_lo", lambda k: str(k.row.m_lo)), ("int", "m_hi", lambda k: str(k.row.m_hi)),
             ("int", "ctas_per_sm", lambda k: str(k.row.ctas_per_sm)), ("int64_t", "max_k", lambda k: str(k.row.max_k))),
            _projection_kernels, _compile_projection),
-    Family("Routing", _params("logits bias weights ids:tensor routing:routing"),
+    Family("Routing", _params("logits bias weights ids input_ids hash_table:tensor routing:routing"),
            (("int", "n_min", lambda k: str(k.row.n_min)), ("int", "n_max", lambda k: str(k.row.n_max)),
             ("c10::ScalarType", "logits_dtype", lambda k: SCALAR_TYPES[k.row.logits_dtype]),
             ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.row.bias_dtype])),

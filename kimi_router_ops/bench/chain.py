@@ -11,7 +11,9 @@ weight copy (cold weights and biases):
 Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_res` with 2 and
 8 blocks (3 and 9 sources, a delta, the output norm: Kimi-K3's pre-MoE call). Consumers:
 `ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists),
-`ll_bf16_router`, and `ll_bf16_gemm` then `moe_routing`. Writes <out>/chain.json, chain.md.
+`ll_bf16_router`, and `ll_bf16_gemm` then `moe_routing`; for DeepSeek-V4's shapes also the
+router without a bias and the router of a hash-routed layer (ids from a token table). Writes
+<out>/chain.json, chain.md.
 """
 
 import argparse
@@ -24,7 +26,9 @@ from .router import CONFIGS
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies
 
 EPS = 1e-6
-SHAPES = ("kimi-k3", "kimi-k2", "deepseek-v3")
+SHAPES = ("kimi-k3", "kimi-k2", "deepseek-v3", "deepseek-v4-pro", "deepseek-v4-flash")
+DEFAULT_SHAPES = SHAPES[:3]
+VOCAB = 129280  # DeepSeek-V4's
 M_LIST = (1, 2, 4, 8, 16)
 # The same GEMM without its weight loads before the PDL wait (kimi_router_ops/variants.py).
 NO_PREFETCH = {1: "m1_r4_t256", 2: "mma8_t2c4w8u7_noprefetch", 4: "mma8_t2c4w8u7_noprefetch",
@@ -64,6 +68,13 @@ def consumers(m, config):
     out["ll_bf16_router"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, b, **routing)
     out["gemm + moe_routing"] = lambda h, w, b: kimi_router_ops.moe_routing(
         kimi_router_ops.ll_bf16_gemm(h, w), b, **routing)
+    if scoring == "sqrtsoftplus":  # DeepSeek-V4: its plain layers without a bias, its hash layers
+        n = config[1]
+        table = torch.rand(VOCAB, n, device="cuda").argsort(1)[:, :top_k].int()  # distinct experts a token
+        input_ids = torch.randint(0, VOCAB, (m,), device="cuda")
+        out["ll_bf16_router, no bias"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, None, **routing)
+        out["router, hash-routed"] = lambda h, w, b: kimi_router_ops.router(
+            h, w, b, **routing, input_ids=input_ids, hash_table=table)
     return out
 
 
@@ -105,7 +116,7 @@ def markdown(report):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
     parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
     args = parse_bench_args(parser)
     results, layer_us = run(args.shapes, args.m, args.replays)

@@ -31,6 +31,8 @@ CONFIGS = {
     "glm-4.5-air": (4096, 128, 8, 1, 1, 1.0, "sigmoid"),
     "qwen3-235b": (4096, 128, 8, 1, 1, 1.0, "softmax"),
     "qwen3-30b": (2048, 128, 8, 1, 1, 1.0, "softmax"),
+    "deepseek-v4-pro": (7168, 384, 6, 1, 1, 2.5, "sqrtsoftplus"),
+    "deepseek-v4-flash": (4096, 256, 6, 1, 1, 1.5, "sqrtsoftplus"),
 }
 
 

@@ -16,7 +16,7 @@ anything else runs vLLM's own code):
   becomes `moe_routing` where the scoring is sigmoid or softmax and vLLM's group score is
   ours: the sum of the two best with a bias (our sigmoid), the best without one (our
   softmax), or no group dropped; `fused_topk_bias` (routers with a bias and no groups:
-  sigmoid for Kimi-K2/K3, GLM-4.5, ...; DeepSeek-V4's sqrtsoftplus outside its hash-routed
+  sigmoid for Kimi-K2/K3, GLM-4.5, ...; DeepSeek-V4's sqrtsoftplus, its hash-routed
   layers; FusedTopKBiasRouter) likewise. vLLM has no registry for these
   functions, so the plugin rebinds the module attributes its routers call; a vLLM without
   them is left alone (and the log says so).
@@ -213,15 +213,20 @@ def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correcti
                     indices_type=None, input_tokens=None, hash_indices_table=None, routed_scaling_factor=1.0,
                     bias_vl=None, image_sentinel_lo=0):
     """vLLM's fused_topk_bias (its signature) on moe_routing, for sigmoid routers and
-    DeepSeek-V4's sqrtsoftplus ones with no token-hash or image routing, int32 ids and no
-    padding rows to mask (vLLM's kernel masks them when VLLM_MOE_SKIP_PADDING is on)."""
-    plain = input_tokens is None and hash_indices_table is None and bias_vl is None
-    if plain and scoring_func in ("sigmoid", "sqrtsoftplus") and indices_type in (None, torch.int32) \
-            and _padding_mask(gating_output.shape[0]) is None \
+    DeepSeek-V4's sqrtsoftplus ones, its hash-routed layers included (ids from
+    hash_indices_table[input_tokens]), with no image routing, int32 ids and no padding rows
+    to mask (vLLM's kernel masks them when VLLM_MOE_SKIP_PADDING is on)."""
+    # Without a table (or image routing) vLLM's result does not depend on input_tokens; its
+    # sigmoid kernel ignores a table, its sqrtsoftplus one routes by it.
+    hashed = hash_indices_table is not None
+    served = not hashed or (input_tokens is not None and scoring_func == "sqrtsoftplus")
+    if served and bias_vl is None and scoring_func in ("sigmoid", "sqrtsoftplus") \
+            and indices_type in (None, torch.int32) and _padding_mask(gating_output.shape[0]) is None \
             and routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1,
                        scorings=("sigmoid", "sqrtsoftplus")):
         return ops.moe_routing(gating_output, e_score_correction_bias, topk, 1, 1, renormalize,
-                               routed_scaling_factor, scoring_func)
+                               routed_scaling_factor, scoring_func, input_tokens if hashed else None,
+                               hash_indices_table)
     return _originals["fused_topk_bias"](
         hidden_states, gating_output, scoring_func, e_score_correction_bias, topk, renormalize,
         indices_type=indices_type, input_tokens=input_tokens, hash_indices_table=hash_indices_table,

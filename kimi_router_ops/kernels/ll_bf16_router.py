@@ -56,8 +56,11 @@ class LLBf16Router(WarpRouting):
         weights: cute.Tensor,  # [M, top_k] float32, out
         ids: cute.Tensor,  # [M, top_k] int32, out
         handoff: cute.Tensor,  # [M, N] int32, EMPTY before the call and after it
+        input_ids: cute.Tensor,  # [1, M x ids_words] int32 words; read only if table_words
+        hash_table: cute.Tensor,  # [V, top_k x table_words] int32 words; read only if table_words
         top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
         has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
+        ids_words: Int32, table_words: Int32,
         has_gate_bias: Int32,
         stream: cuda.CUstream,
     ):
@@ -77,8 +80,9 @@ class LLBf16Router(WarpRouting):
             shape["smem"] = max(shape["smem"], EXCLUSIVE_SMEM)
             ctas_per_sm = 1
         self.kernel(
-            xv, wv, gate_bias, bias, logits, weights, ids, handoff,
-            top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, has_gate_bias,
+            xv, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table,
+            top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, ids_words, table_words,
+            has_gate_bias,
         ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
                  min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
 
@@ -86,8 +90,10 @@ class LLBf16Router(WarpRouting):
     def kernel(
         self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, bias: cute.Tensor,
         logits: cute.Tensor, weights: cute.Tensor, ids: cute.Tensor, handoff: cute.Tensor,
+        input_ids: cute.Tensor, hash_table: cute.Tensor,
         top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
         has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
+        ids_words: Int32, table_words: Int32,
         has_gate_bias: Int32,
     ):
         if const_expr(self.bias_prefetch):
@@ -98,8 +104,8 @@ class LLBf16Router(WarpRouting):
             # A warp finishes more than one token: the others' routing warps poll only once
             # it has published them.
             cute.arch.sync_threads()
-        self._route(handoff, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-                    has_bias, scoring, scaling, self._scratch())
+        self._route(handoff, bias, weights, ids, input_ids, hash_table, top_k, n_group, topk_group, renormalize,
+                    has_bias, scoring, scaling, ids_words, table_words, self._scratch())
 
     @cute.jit
     def _routing_unit(self):

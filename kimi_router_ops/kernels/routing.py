@@ -2,7 +2,7 @@
 (kernels/ll_bf16_router.py) and the standalone routing op (kernels/moe_routing.py).
 
     scores  = sigmoid(logits), or softmax(logits) over the token's N experts
-    choice  = scores + bias
+    choice  = scores + bias (a bias that is not finite makes every weight NaN)
     groups  = n_group equal slices of the experts, scored by the sum of their two best
               choice values (with scoring: their best, as DeepSeek-V2's group-limited
               greedy); the topk_group best are kept (ties to the lower group)
@@ -174,10 +174,11 @@ class WarpRouting:
                 _prefetch_bulk_l2(first, Int32(last - first))
 
     @cute.jit
-    def _route(self, source, bias, weights, ids, top_k, n_group, topk_group, renormalize,
-               has_bias, scoring, scaling, scratch):
+    def _route(self, source, bias, weights, ids, input_ids, hash_table, top_k, n_group, topk_group,
+               renormalize, has_bias, scoring, scaling, ids_words, table_words, scratch):
         """Route this warp's tokens: m = unit, unit + stride, ... (_routing_unit) of the
-        [M, N] `source` that _gather reads the scores from."""
+        [M, N] `source` that _gather reads the scores from; by their rows of hash_table
+        where table_words != 0 (_hashed)."""
         slots: cutlass.Constexpr = self.slots
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -196,21 +197,27 @@ class WarpRouting:
                 self._gather(source, bias, m, lane, n_count, has_bias, scoring, scores, choice, False)
             if scoring == handoff_buffer.SOFTMAX:  # the same on every lane: a uniform branch
                 self._softmax(scores, lane, n_count)
+            # choice holds the bias here: b - b is 0 for a finite b, NaN for a NaN or ±inf one.
+            unfinite = _tree_sum([choice[j] - choice[j] for j in range(slots)])
             for j in cutlass.range_constexpr(slots):
                 c = scores[j] + choice[j]
                 choice[j] = c
                 # Key 0 is "no expert": never picked (top_k <= the experts that remain).
                 keys[j] = Uint32(cutlass.select_(j * WARP + lane < n_count, self._key(c), Uint32(0)))
 
-            bound = Uint32(0)  # a key that at least top_k experts reach, if known; 0: not
-            if topk_group < n_group:
-                if n_count == n_group * WARP:
-                    bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
-                                                   scoring, scratch[None, None, warp])
-                else:
-                    self._mask_groups(choice, keys, lane, n_count, n_group, topk_group, scoring)
-
-            my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch[None, None, warp])
+            my_id, score = Int32(0), Float32(0.0)
+            if table_words != 0:  # the same on every lane: a uniform branch
+                my_id, score = self._hashed(scores, lane, m, n_count, top_k, input_ids, hash_table, ids_words,
+                                            table_words)
+            else:
+                bound = Uint32(0)  # a key that at least top_k experts reach, if known; 0: not
+                if topk_group < n_group:
+                    if n_count == n_group * WARP:
+                        bound = self._mask_slot_groups(choice, keys, lane, top_k, n_group, topk_group,
+                                                       scoring, scratch[None, None, warp])
+                    else:
+                        self._mask_groups(choice, keys, lane, n_count, n_group, topk_group, scoring)
+                my_id, score = self._rank_select(keys, scores, lane, top_k, bound, scratch[None, None, warp])
             scale = scaling
             if renormalize != 0:
                 # Lanes past top_k hold 0: the sum of all 32, as a tree, is the picks' sum.
@@ -220,9 +227,41 @@ class WarpRouting:
                 cute.arch.sync_warp()
                 total = _tree_sum([picked[i].bitcast(Float32) for i in range(WARP)])
                 scale = scaling * cute.arch.rcp_approx(total + Float32(1e-20))
+            # A bias that is not finite would send every token to valid-looking experts (all
+            # equal keys: the lowest ids): the weights say so instead, NaN. Hash routing
+            # does not read the bias.
+            bias_bad = cute.arch.vote_any_sync(  # (== is false for a NaN)
+                Int32(cutlass.select_(unfinite == Float32(0.0), Int32(0), Int32(1))) != 0) & (table_words == 0)
+            scale = Float32(cutlass.select_(bias_bad, Float32(float("nan")), scale))
             if lane < top_k:
                 weights[m, lane] = score * scale
                 ids[m, lane] = my_id
+
+    @cute.jit
+    def _hashed(self, scores, lane, m, n_count, top_k, input_ids, hash_table, ids_words, table_words):
+        """Hash routing (DeepSeek-V4's first layers): lane i < top_k takes expert
+        hash_table[input_ids[m], i] and that expert's score. Both tensors are int32 words, an
+        element `words` of them (an int64's high word must be 0). A token outside the table, or
+        an expert outside [0, N), becomes expert 0 with a NaN score: nothing is read outside
+        the table, and the token's weights say it was routed wrong."""
+        token = input_ids[0, m * ids_words]
+        high = input_ids[0, m * ids_words + ids_words - 1]  # the token itself when int32
+        token_ok = (token >= 0) & (token < hash_table.shape[0]) & ((ids_words == 1) | (high == 0))
+        row = Int32(cutlass.select_(token_ok, token, Int32(0)))
+        column = cutlass.min(lane, top_k - 1) * table_words  # lanes past top_k: a copy, unused
+        expert = hash_table[row, column]
+        expert_high = hash_table[row, column + table_words - 1]
+        ok = token_ok & (expert >= 0) & (expert < n_count) & ((table_words == 1) | (expert_high == 0))
+        expert = Int32(cutlass.select_(ok, expert, Int32(0)))
+        # Lane expert % 32 holds the expert's score in its slot expert // 32.
+        score = Float32(0.0)
+        for j in cutlass.range_constexpr(self.slots):
+            held = cute.arch.shuffle_sync(scores[j], expert % WARP)
+            score = Float32(cutlass.select_(expert // WARP == j, held, score))
+        score = Float32(cutlass.select_(ok, score, Float32(float("nan"))))
+        # Lanes past top_k hold no pick (zero: renormalizing sums over all lanes).
+        return (Int32(cutlass.select_(lane < top_k, expert, Int32(0))),
+                Float32(cutlass.select_(lane < top_k, score, Float32(0.0))))
 
     @cute.jit
     def _softmax(self, values, lane, n_count):
