@@ -132,8 +132,7 @@ def main():
                         for tab, tok in ((table, tokens), (bad_table, bad_tokens)):
                             extra = (name,) if name else ()
                             call = kimi_router_ops.router_with_variant if name else kimi_router_ops.router
-                            args_ = (x.cuda(), w.cuda(), None, 6, 1, 1, True, 1.5, *extra) if name else (
-                                x.cuda(), w.cuda(), None, 6)
+                            args_ = (x.cuda(), w.cuda(), None, 6, 1, 1, True, 1.5, *extra)
                             weights, ids, logits = call(*args_, scoring="sqrtsoftplus", input_ids=tok.cuda(),
                                                         hash_table=tab.cuda())
                             scores = torch.nn.functional.softplus(logits.cpu().double()).sqrt()

@@ -37,14 +37,15 @@ CONFIGS = {
 
 
 def torch_routing(logits, bias, top_k, n_group, topk_group, scale, scoring="sigmoid"):
-    """The routing after the logits as torch ops (fp32): DeepseekV3TopkRouter's, or with
-    softmax Qwen3MoeTopKRouter's (softmax, top-k, renormalized; no bias, no groups)."""
+    """The routing after the logits as torch ops (fp32): DeepseekV3TopkRouter's (with
+    sqrtsoftplus DeepSeek-V4's scores), or with softmax Qwen3MoeTopKRouter's (softmax, top-k,
+    renormalized; no bias, no groups)."""
     if scoring == "softmax":
         weights, ids = logits.softmax(-1).topk(top_k, dim=-1)
         return weights / weights.sum(-1, keepdim=True) * scale, ids
     m, n = logits.shape
-    scores = logits.sigmoid()
-    choice = scores + bias
+    scores = logits.sigmoid() if scoring == "sigmoid" else torch.nn.functional.softplus(logits).sqrt()
+    choice = scores + bias if bias is not None else scores
     group_scores = choice.view(m, n_group, n // n_group).topk(min(2, n // n_group), dim=-1)[0].sum(-1)
     group_idx = group_scores.topk(topk_group, dim=-1)[1]
     kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
@@ -120,7 +121,7 @@ def run(configs, m_list, replays, rounds, gemm_variants=()):
             weights = weight_copies(n, k, 3 * l2_bytes())
             # One bias per weight copy, as a model has one per layer: cold in L2 like the
             # weights. (Softmax routers have none.)
-            biases = [(torch.randn(n, device="cuda") * 0.05).float() if scoring == "sigmoid" else None
+            biases = [(torch.randn(n, device="cuda") * 0.05).float() if scoring != "softmax" else None
                       for _ in weights]
             calls = list(zip(weights, biases))
             placements.append(calls)
