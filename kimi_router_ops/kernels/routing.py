@@ -189,6 +189,12 @@ class WarpRouting:
         choice = cute.make_rmem_tensor((slots,), Float32)  # the bias, then score + bias
         keys = cute.make_rmem_tensor((slots,), Uint32)
         for m in cutlass.range(unit, m_count, stride, unroll=1):
+            # A hash-routed token's experts: looked up first, so that the two dependent loads
+            # (its id, then its row of the table) overlap the wait for its scores.
+            hashed_expert, hashed_ok = Int32(0), Int32(0)
+            if table_words != 0:  # the same on every lane: a uniform branch
+                hashed_expert, hashed_ok = self._hash_lookup(m, lane, n_count, top_k, input_ids, hash_table,
+                                                             ids_words, table_words)
             # All experts present (every real router's N): no clamped indices, so each load
             # and store is one instruction at an immediate offset from the lane's address.
             if n_count == slots * WARP:
@@ -207,8 +213,7 @@ class WarpRouting:
 
             my_id, score = Int32(0), Float32(0.0)
             if table_words != 0:  # the same on every lane: a uniform branch
-                my_id, score = self._hashed(scores, lane, m, n_count, top_k, input_ids, hash_table, ids_words,
-                                            table_words)
+                my_id, score = self._hashed(scores, lane, top_k, hashed_expert, hashed_ok)
             else:
                 bound = Uint32(0)  # a key that at least top_k experts reach, if known; 0: not
                 if topk_group < n_group:
@@ -238,12 +243,12 @@ class WarpRouting:
                 ids[m, lane] = my_id
 
     @cute.jit
-    def _hashed(self, scores, lane, m, n_count, top_k, input_ids, hash_table, ids_words, table_words):
-        """Hash routing (DeepSeek-V4's first layers): lane i < top_k takes expert
-        hash_table[input_ids[m], i] and that expert's score. Both tensors are int32 words, an
-        element `words` of them (an int64's high word must be 0). A token outside the table, or
-        an expert outside [0, N), becomes expert 0 with a NaN score: nothing is read outside
-        the table, and the token's weights say it was routed wrong."""
+    def _hash_lookup(self, m, lane, n_count, top_k, input_ids, hash_table, ids_words, table_words):
+        """Hash routing (DeepSeek-V4's first layers): lane i < top_k's expert is
+        hash_table[input_ids[m], i]; returns it and 1 if it is valid (else expert 0 and 0). Both
+        tensors are int32 words, an element `words` of them (an int64's high word must be 0).
+        A token outside the table, or an expert outside [0, N), is not valid: nothing is read
+        outside the table."""
         token = input_ids[0, m * ids_words]
         high = input_ids[0, m * ids_words + ids_words - 1]  # the token itself when int32
         token_ok = (token >= 0) & (token < hash_table.shape[0]) & ((ids_words == 1) | (high == 0))
@@ -252,13 +257,19 @@ class WarpRouting:
         expert = hash_table[row, column]
         expert_high = hash_table[row, column + table_words - 1]
         ok = token_ok & (expert >= 0) & (expert < n_count) & ((table_words == 1) | (expert_high == 0))
-        expert = Int32(cutlass.select_(ok, expert, Int32(0)))
+        return Int32(cutlass.select_(ok, expert, Int32(0))), Int32(cutlass.select_(ok, Int32(1), Int32(0)))
+
+    @cute.jit
+    def _hashed(self, scores, lane, top_k, expert, ok):
+        """Lane i < top_k's pick, its looked-up expert (_hash_lookup), and that expert's score;
+        an expert that is not valid has a NaN score, so the token's weights say it was routed
+        wrong."""
         # Lane expert % 32 holds the expert's score in its slot expert // 32.
         score = Float32(0.0)
         for j in cutlass.range_constexpr(self.slots):
             held = cute.arch.shuffle_sync(scores[j], expert % WARP)
             score = Float32(cutlass.select_(expert // WARP == j, held, score))
-        score = Float32(cutlass.select_(ok, score, Float32(float("nan"))))
+        score = Float32(cutlass.select_(ok != 0, score, Float32(float("nan"))))
         # Lanes past top_k hold no pick (zero: renormalizing sums over all lanes).
         return (Int32(cutlass.select_(lane < top_k, expert, Int32(0))),
                 Float32(cutlass.select_(lane < top_k, score, Float32(0.0))))
