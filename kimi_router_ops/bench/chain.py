@@ -12,8 +12,10 @@ Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_re
 8 blocks (3 and 9 sources, a delta, the output norm: Kimi-K3's pre-MoE call). Consumers:
 `ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists),
 `ll_bf16_router`, and `ll_bf16_gemm` then `moe_routing`; for DeepSeek-V4's shapes also the
-router without a bias and the router of a hash-routed layer (ids from a token table). Writes
-<out>/chain.json, chain.md.
+router without a bias, the router of a hash-routed layer (ids from a token table) and vLLM
+0.33's pipeline where its peers are built (kimi_router_ops/bench/peers.py): its gate GEMM
+(`ll_bf16` where it has the shape, else cuBLAS with fp32 out, as its GateLinear falls back)
+then its Triton `dsv4_topk`. Writes <out>/chain.json, chain.md.
 """
 
 import argparse
@@ -22,6 +24,7 @@ import torch
 
 import kimi_router_ops
 from .gemm import parse_bench_args, report_header, save_report, two_way_markdown
+from .peers import vllm_dsv4_topk, vllm_gate
 from .router import CONFIGS
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies
 
@@ -57,8 +60,9 @@ def producers(m, k):
     return out
 
 
-def consumers(m, config):
-    """name -> fn(hidden, weight, bias) for the router configuration."""
+def consumers(m, config, peers):
+    """name -> fn(hidden, weight, bias) for the router configuration; `peers` holds vLLM's
+    gate GEMM and DeepSeek-V4 routing (None where not built)."""
     _, _, top_k, n_group, topk_group, scale, scoring = config
     routing = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, routed_scaling_factor=scale,
                    scoring=scoring)
@@ -75,11 +79,19 @@ def consumers(m, config):
         out["ll_bf16_router, no bias"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, None, **routing)
         out["router, hash-routed"] = lambda h, w, b: kimi_router_ops.router(
             h, w, b, **routing, input_ids=input_ids, hash_table=table)
+        k, topk = config[0], peers["dsv4_topk"]
+        if topk is not None and top_k == 6 and n in (256, 384):  # what vLLM's dsv4_topk serves
+            gate, name = peers["gate"], "vLLM: ll_bf16 + dsv4_topk"
+            if gate is None or k != 7168:  # vLLM's ll_bf16 has K = 7168 only
+                gate, name = (lambda h, w: torch.mm(h, w.t(), out_dtype=torch.float32)), "vLLM: cuBLAS + dsv4_topk"
+            out[name] = lambda h, w, b: topk(gate(h, w), b, scale)
     return out
 
 
 def run(shapes, m_list, replays):
     layer_us, after_layer_us = after_layer_timer(replays)
+    v4 = any(CONFIGS[s][-1] == "sqrtsoftplus" for s in shapes)
+    peers = {"gate": vllm_gate() if v4 else None, "dsv4_topk": vllm_dsv4_topk() if v4 else None}
 
     results = []
     for shape in shapes:
@@ -89,7 +101,7 @@ def run(shapes, m_list, replays):
         for m in m_list:
             for producer_name, produce in producers(m, k).items():
                 hidden = produce() if produce else torch.randn(m, k, device="cuda").to(torch.bfloat16)
-                for consumer_name, consume in consumers(m, CONFIGS[shape]).items():
+                for consumer_name, consume in consumers(m, CONFIGS[shape], peers).items():
                     calls = [lambda w=w, b=b, c=consume, p=produce: c(p() if p else hidden, w, b)
                              for w, b in zip(weights, biases)]
                     results.append({

@@ -17,38 +17,17 @@ Writes <out>/front.json, front.md.
 """
 
 import argparse
-import os
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
 from .gemm import parse_bench_args, report_header, save_report, two_way_markdown
+from .peers import vllm_gate
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us
 
 N, K, LATENT, TOP_K, BLOCKS, EPS = 896, 7168, 3584, 16, 8, 1e-6
 M_LIST = (1, 2, 4, 8, 16)
-
-
-def vllm_gate():
-    """vLLM 0.33's `ll_bf16` router GEMM as shipped (the M == 1 prefetch kernel at M = 1, its
-    default kernels above), or None with the reason printed."""
-    peers = Path(os.environ.get("PEERS_DIR", "build/peers")).resolve()
-    shared = Path(os.environ.get("PEERS_SRC", "../shared/peers")).resolve() / "vllm_ll"
-    if not (peers / "vllm_ll_aot").exists() or not shared.exists():
-        print(f"vLLM's ll_bf16 skipped: build ../shared/peers/vllm_ll into {peers} (its README)")
-        return None
-    try:
-        sys.path.insert(0, str(shared))
-        import build_ext
-
-        build_ext.load()
-    except Exception as error:  # a peer that does not build here is skipped, not fatal
-        print(f"vLLM's ll_bf16 skipped: {error}".splitlines()[0])
-        return None
-    return lambda x, w: torch.ops.vllm_ll.gemm(x, w, 1 if x.shape[0] == 1 else 0)
 
 
 def fronts(m, side, gate=None):
