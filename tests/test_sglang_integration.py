@@ -207,6 +207,106 @@ def test_routing_outside_our_semantics_is_sglangs():
     assert len(called) == 8 and ids.shape == (2, 6)
 
 
+def _same_routing(ours, theirs, masked, top_k, rows, tol=1e-5):
+    """Row by row: the same expert set (or a near tie) and the same weight for each expert."""
+    for t in rows:
+        weights, ids = theirs[0][t], theirs[1][t]
+        if set(ids.tolist()) != set(ours[1][t].tolist()):
+            assert masked is not None and near_tie(masked[t], top_k), t
+            continue
+        mine = dict(zip(ours[1][t].tolist(), ours[0][t].tolist()))
+        for i, w in zip(ids.tolist(), weights.tolist()):
+            assert abs(mine[i] - w) <= tol * max(1.0, abs(w)), (t, i)
+
+
+@pytest.mark.parametrize("n, scale, on_output", [(384, 2.5, True), (256, 1.5, False)])  # V4-Pro, V4-Flash
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_v4_sqrtsoftplus_jit_router_is_ours(n, scale, on_output, m, op_calls):
+    """DeepSeek-V4's CUDA router call (biased_topk_jit_kernel_impl with sqrtsoftplus, a bf16
+    bias as V4 stores it, the padded-row count moe_fused_gate takes): SGLang's torch router
+    and the float64 formula on the live rows, weight 0 and id -1 on the padded ones."""
+    g = torch.Generator().manual_seed(m + n)
+    logits = torch.randn(m, n, generator=g) * 3
+    bias = (torch.randn(n, generator=g) * 0.1).to(torch.bfloat16)
+    live = max(1, m - 2)
+    hidden = torch.randn(m, 16)
+    ours = sgl_topk.biased_topk_jit_kernel_impl(hidden, logits, bias, 6, True, "sqrtsoftplus",
+                                                routed_scaling_factor=scale, num_token_non_padded=torch.tensor(live),
+                                                apply_routed_scaling_factor_on_output=on_output)
+    assert op_calls == ["moe_routing"]
+    assert ours[0].dtype == torch.float32 and ours[1].dtype == torch.int32 and ours[1].shape == (m, 6)
+    theirs = sgl_topk.biased_topk_impl(hidden, logits, bias.float(), 6, True, "sqrtsoftplus", 0, scale, None, None,
+                                       on_output)
+    ref_w, ref_ids, masked, _ = reference_routing(logits, bias.float(), 6, 1, 1, True, scale if on_output else 1.0,
+                                                  "sqrtsoftplus")
+    _same_routing(ours, theirs, masked, 6, range(live))
+    _same_routing(ours, (ref_w, ref_ids), masked, 6, range(live))
+    assert (ours[1][live:] == -1).all() and (ours[0][live:] == 0).all()
+
+
+def test_v4_routing_outside_our_semantics_is_sglangs():
+    """V4.1's log1p numerics, fused shared-expert slots, a padded-row count with sigmoid
+    (moe_fused_gate is not given one there): SGLang's own function."""
+    called = []
+
+    def original(*args, **kwargs):
+        called.append(args)
+        return "sglang"
+
+    logits, bias = torch.randn(3, 256), torch.randn(256)
+    jit = kimi_sglang.biased_topk_jit_kernel_impl
+    assert jit(original, None, logits, bias, 6, True, "sqrtsoftplus", sqrtsoftplus_log1p=True) == "sglang"
+    assert jit(original, None, logits, bias, 6, True, "sqrtsoftplus", 1) == "sglang"
+    assert jit(original, None, logits, bias, 6, True, "sigmoid", num_token_non_padded=torch.tensor(2)) == "sglang"
+    assert jit(original, None, logits, bias, 6, True, "softmax") == "sglang"
+    assert len(called) == 4
+
+
+def _hash_layer(n=256, vocab=1000, top_k=6, dtype=torch.int32, score_func="sqrtsoftplus", shared=0, seed=0):
+    """What HashTopK._forward_torch reads of its module: the table [vocab, top_k] of distinct
+    experts a token, the scoring, the slot counts."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.rand(vocab, n, generator=g).argsort(1)[:, :top_k].to(dtype)
+    return types.SimpleNamespace(tid2eid=table, score_func=score_func, topk=top_k + shared,
+                                 num_shared_topk_slots=shared, routed_scaling_factor=1.5, num_experts=n)
+
+
+@pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("m", [1, 9])
+def test_v4_hash_layers_are_ours(table_dtype, m, op_calls):
+    """DeepSeek-V4's hash-routed layers, both of HashTopK's paths (the fused hash_topk it calls
+    on CUDA, its torch path elsewhere): ids tid2eid[input_ids] in the table's order, weights
+    SGLang's torch path gives (sqrt(softplus) there, renormalized)."""
+    from sglang.srt.layers.moe.hash_topk import HashTopK
+
+    layer = _hash_layer(dtype=table_dtype, seed=m)
+    g = torch.Generator().manual_seed(m)
+    logits = torch.randn(m, 256, generator=g) * 3
+    input_ids = torch.randint(0, 1000, (m,), generator=g)
+    theirs = sglang_own(HashTopK._forward_torch)(layer, logits, input_ids)
+    torch_path = HashTopK._forward_torch(layer, logits, input_ids)
+    fused = kimi_sglang.fused_hash_topk(lambda *a: pytest.fail("SGLang's kernel ran"), logits, input_ids,
+                                        layer.tid2eid, 0, 1.5, "sqrtsoftplus")
+    assert op_calls == ["moe_routing", "moe_routing"]
+    for weights, ids in (torch_path, fused):
+        assert torch.equal(ids, theirs[1]) and ids.dtype == torch.int32
+        torch.testing.assert_close(weights, theirs[0], rtol=1e-5, atol=1e-7)
+
+
+def test_v4_hash_layers_outside_our_semantics_are_sglangs(op_calls):
+    """A fused shared-expert slot (SGLang appends it with a random shared expert), softmax
+    (SGLang does not renormalize it): SGLang's own code."""
+    from sglang.srt.layers.moe.hash_topk import HashTopK
+
+    logits, input_ids = torch.randn(2, 256), torch.tensor([3, 7])
+    shared = _hash_layer(shared=1)
+    ids = HashTopK._forward_torch(shared, logits, input_ids)[1]
+    assert ids.shape == (2, 7) and (ids[:, -1] >= 256).all()
+    HashTopK._forward_torch(_hash_layer(score_func="softmax"), logits, input_ids)
+    assert kimi_sglang.fused_hash_topk(lambda *a: "sglang", logits, input_ids, shared.tid2eid, 1) == "sglang"
+    assert op_calls == []
+
+
 def attn_res_layers(h, eps=1e-6, seed=0):
     """Kimi-K3's score projection and norms as SGLang builds them, bf16 (the model's dtype)."""
     from sglang.srt.layers.layernorm import RMSNorm

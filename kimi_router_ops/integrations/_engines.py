@@ -8,6 +8,7 @@ ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 # The engines' scoring names the ops share; most engine functions know the first two only
 # (an unknown one must keep raising the engine's own error).
 CLASSIC_SCORINGS = ("sigmoid", "softmax")
+V4_SCORINGS = ("sigmoid", "sqrtsoftplus")  # the engines' DeepSeek-V4 routers (no softmax)
 
 
 def gate_dtypes_served(x_dtype, weight_dtype) -> bool:

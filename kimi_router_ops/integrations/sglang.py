@@ -22,6 +22,12 @@ SGLang's code does, SGLang's own function otherwise.
   (`apply_routed_scaling_factor_on_output`). Expert remapping, padding masks, shared-slot
   columns and the recorder stay SGLang's: they run in `select_experts` around these
   functions.
+- DeepSeek-V4: `biased_topk_jit_kernel_impl` with sqrtsoftplus (its `moe_fused_gate`, the
+  padded rows past `num_token_non_padded` given weight 0 and id -1 as that kernel gives
+  them; not the V4.1 `sqrtsoftplus_log1p` numerics), and the hash-routed layers:
+  `HashTopK`'s fused `hash_topk` (sglang.kernels.ops.moe.dsv4) and its torch path
+  `HashTopK._forward_torch` become `moe_routing` with `input_ids` and the `tid2eid` table,
+  where no fused shared-expert slot is appended.
 - Kimi-K3's attention residual on Hopper: `attn_residual._aggregate` (score, softmax over the
   block bank and the prefix, mix, output RMSNorm: a two-kernel Triton pipeline on Hopper;
   SM100 runs SGLang's TMA kernel) becomes `kimi.attn_res` on sm_90 and the CPU, for bf16
@@ -40,7 +46,7 @@ import os
 import torch
 
 from .. import ops
-from ._engines import gate_dtypes_served, routes
+from ._engines import V4_SCORINGS, gate_dtypes_served, routes
 from ..variants import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_SGLANG", "KIMI_ROUTER_OPS_SGLANG_GATE", "KIMI_ROUTER_OPS_SGLANG_ROUTING"
@@ -48,6 +54,10 @@ ENV_ATTN_RES = "KIMI_ROUTER_OPS_SGLANG_ATTN_RES"
 GATE_TARGET = "sglang.srt.models.deepseek_v2.MoEGate.forward"
 ATTN_RES_TARGET = "sglang.srt.layers.attn_residual._aggregate"
 TOPK_MODULE = "sglang.srt.layers.moe.topk"
+# DeepSeek-V4's hash-routed layers: the fused kernel HashTopK.forward imports at call time, and
+# its torch path.
+HASH_TARGETS = {"sglang.kernels.ops.moe.dsv4.hash_topk": "fused_hash_topk",
+                "sglang.srt.layers.moe.hash_topk.HashTopK._forward_torch": "hash_topk_forward_torch"}
 logger = logging.getLogger("sglang.kimi_router_ops")
 _registered: list[str] = []  # the targets hooked, once per process
 
@@ -73,6 +83,8 @@ def register() -> list[str]:
         if topk.biased_grouped_topk is topk.biased_grouped_topk_gpu:
             for name, hook in _ROUTING.items():
                 hooks[f"{TOPK_MODULE}.{name}"] = (hook, f"{name} (routing: moe_routing)")
+            for target, name in HASH_TARGETS.items():
+                hooks[target] = (globals()[name], f"{target.rsplit('.', 1)[-1]} (hash routing: moe_routing)")
         else:  # SGLang's CPU AMX kernels take other arguments
             logger.info("kimi_router_ops: SGLang routes with its CPU AMX kernels here; routing not replaced")
     if _enabled(ENV_ATTN_RES):
@@ -156,18 +168,66 @@ def biased_topk_jit_kernel_impl(original, hidden_states, gating_output, correcti
                                 num_token_non_padded=None, expert_location_dispatch_info=None,
                                 apply_routed_scaling_factor_on_output=False, packed_out=None,
                                 sqrtsoftplus_log1p=False, router_logits_partials=None, num_shared_append=0):
-    """SGLang's CUDA router for sigmoid without groups (its JIT kernel) on moe_routing, where
-    it neither masks padded rows, remaps experts nor writes packed ids."""
+    """SGLang's CUDA router without groups (its JIT kernel moe_fused_gate) on moe_routing:
+    sigmoid, and DeepSeek-V4's sqrtsoftplus, whose padded rows (from num_token_non_padded on)
+    get weight 0 and id -1 as moe_fused_gate gives them; where it neither remaps experts nor
+    writes packed ids."""
     extras = dict(packed_out=packed_out, sqrtsoftplus_log1p=sqrtsoftplus_log1p,
                   router_logits_partials=router_logits_partials, num_shared_append=num_shared_append)
-    plain = (num_fused_shared_experts == 0 and num_token_non_padded is None and expert_location_dispatch_info is None
-             and packed_out is None and router_logits_partials is None and num_shared_append == 0)
-    if plain and scoring_func == "sigmoid" and routes(gating_output, correction_bias, scoring_func, topk, 1, 1):
-        return ops.moe_routing(gating_output, correction_bias, topk, 1, 1, renormalize,
-                               _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), scoring_func)
+    plain = (num_fused_shared_experts == 0 and expert_location_dispatch_info is None and packed_out is None
+             and router_logits_partials is None and num_shared_append == 0 and not sqrtsoftplus_log1p)
+    padded = num_token_non_padded is not None
+    if (plain and (scoring_func == "sqrtsoftplus" or not padded)
+            and routes(gating_output, correction_bias, scoring_func, topk, 1, 1, V4_SCORINGS)):
+        weights, ids = ops.moe_routing(gating_output, correction_bias, topk, 1, 1, renormalize,
+                                       _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output),
+                                       scoring_func)
+        if padded:
+            _mask_padded_rows(weights, ids, num_token_non_padded)
+        return weights, ids
     return original(hidden_states, gating_output, correction_bias, topk, renormalize, scoring_func,
                     num_fused_shared_experts, routed_scaling_factor, num_token_non_padded,
                     expert_location_dispatch_info, apply_routed_scaling_factor_on_output, **extras)
+
+
+def _mask_padded_rows(weights, ids, num_token_non_padded):
+    """Rows from num_token_non_padded (a device scalar) on: weight 0, id -1, in place."""
+    padded = (torch.arange(ids.shape[0], device=ids.device) >= num_token_non_padded).unsqueeze(1)
+    weights.masked_fill_(padded, 0.0)
+    ids.masked_fill_(padded, -1)
+
+
+def _hash_routes(router_logits, input_ids, tid2eid, scoring_func) -> bool:
+    """What moe_routing's hash routing computes as SGLang's hash router does: sigmoid or
+    sqrtsoftplus (renormalized; SGLang leaves softmax's weights as they are, and so would we,
+    but its kernel takes sqrtsoftplus only), a table [V, top_k] of int32 or int64 ids."""
+    return (isinstance(tid2eid, torch.Tensor) and tid2eid.dim() == 2 and tid2eid.dtype in (torch.int32, torch.int64)
+            and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1
+            and input_ids.dtype in (torch.int32, torch.int64)
+            and routes(router_logits, None, scoring_func, tid2eid.shape[1], 1, 1, ("sigmoid", "sqrtsoftplus")))
+
+
+def _hash_routing(router_logits, input_ids, tid2eid, scoring_func):
+    return ops.moe_routing(router_logits, None, tid2eid.shape[1], 1, 1, True, 1.0, scoring_func,
+                           input_ids, tid2eid)
+
+
+def fused_hash_topk(original, router_logits, input_ids, tid2eid, num_fused_shared_experts=0,
+                    routed_scaling_factor=1.0, scoring_func="sqrtsoftplus"):
+    """SGLang's fused hash router (DeepSeek-V4's hash-routed layers) on moe_routing where it
+    appends no shared-expert slot: ids = tid2eid[input_ids], weights the scores there,
+    renormalized (the scaling is HashTopK's, after this)."""
+    if num_fused_shared_experts == 0 and _hash_routes(router_logits, input_ids, tid2eid, scoring_func):
+        return _hash_routing(router_logits, input_ids, tid2eid, scoring_func)
+    return original(router_logits, input_ids, tid2eid, num_fused_shared_experts, routed_scaling_factor, scoring_func)
+
+
+def hash_topk_forward_torch(original, self, router_logits, input_ids):
+    """HashTopK's torch path (where the fused kernel is off or absent) on moe_routing, where it
+    appends no shared-expert slot."""
+    if self.num_shared_topk_slots == 0 and _hash_routes(router_logits, input_ids, self.tid2eid, self.score_func):
+        return _hash_routing(router_logits, input_ids, self.tid2eid, self.score_func)
+    return original(self, router_logits, input_ids)
 
 
 def _attn_res_served(prefix_sum, bank, nvb, score_proj, score_norm, out_norm, write_bank_row) -> bool:

@@ -46,7 +46,7 @@ import sys
 import torch
 
 from .. import ops
-from ._engines import ROUTED_DTYPES, gate_dtypes_served, routes
+from ._engines import ROUTED_DTYPES, V4_SCORINGS, gate_dtypes_served, routes
 from ..variants import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_VLLM", "KIMI_ROUTER_OPS_VLLM_GATE", "KIMI_ROUTER_OPS_VLLM_ROUTING"
@@ -220,10 +220,10 @@ def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correcti
     # sigmoid kernel ignores a table, its sqrtsoftplus one routes by it.
     hashed = hash_indices_table is not None
     served = not hashed or (input_tokens is not None and scoring_func == "sqrtsoftplus")
-    if served and bias_vl is None and scoring_func in ("sigmoid", "sqrtsoftplus") \
+    if served and bias_vl is None \
             and indices_type in (None, torch.int32) and _padding_mask(gating_output.shape[0]) is None \
             and routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1,
-                       scorings=("sigmoid", "sqrtsoftplus")):
+                       scorings=V4_SCORINGS):
         return ops.moe_routing(gating_output, e_score_correction_bias, topk, 1, 1, renormalize,
                                routed_scaling_factor, scoring_func, input_tokens if hashed else None,
                                hash_indices_table)
