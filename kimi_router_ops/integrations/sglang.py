@@ -198,13 +198,13 @@ def _mask_padded_rows(weights, ids, num_token_non_padded):
 
 
 def _hash_routes(router_logits, input_ids, tid2eid, scoring_func) -> bool:
-    """What moe_routing's hash routing computes as SGLang's hash router does: sigmoid or
-    sqrtsoftplus (renormalized; SGLang leaves softmax's weights as they are, and so would we,
-    but its kernel takes sqrtsoftplus only), a table [V, top_k] of int32 or int64 ids."""
+    """Whether moe_routing's hash routing computes what SGLang's hash router does: a scoring
+    both renormalize (sigmoid, sqrtsoftplus; SGLang leaves softmax's weights unnormalized) and
+    a table [V, top_k] of int32 or int64 ids."""
     return (isinstance(tid2eid, torch.Tensor) and tid2eid.dim() == 2 and tid2eid.dtype in (torch.int32, torch.int64)
             and isinstance(input_ids, torch.Tensor) and input_ids.dim() == 1
             and input_ids.dtype in (torch.int32, torch.int64)
-            and routes(router_logits, None, scoring_func, tid2eid.shape[1], 1, 1, ("sigmoid", "sqrtsoftplus")))
+            and routes(router_logits, None, scoring_func, tid2eid.shape[1], 1, 1, V4_SCORINGS))
 
 
 def _hash_routing(router_logits, input_ids, tid2eid, scoring_func):
