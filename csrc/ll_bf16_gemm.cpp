@@ -6,6 +6,10 @@
 // fake kernels are registered in Python (ops.py), the one place torch offers them to
 // stable-ABI libraries.
 
+#include <atomic>
+#include <iterator>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -71,11 +75,35 @@ void check_router_gemm_inputs(const Tensor& x, const Tensor& w, const OptionalTe
   }
 }
 
-Tensor gemm_reference(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
+namespace {
+
+std::atomic<bool>& batch_invariant_flag() {
+  static std::atomic<bool> flag([] {
+    const char* value = std::getenv("KIMI_ROUTER_OPS_BATCH_INVARIANT");
+    return value != nullptr && std::strcmp(value, "") != 0 && std::strcmp(value, "0") != 0;
+  }());
+  return flag;
+}
+
+}  // namespace
+
+bool batch_invariant() { return batch_invariant_flag().load(std::memory_order_relaxed); }
+
+Tensor gemm_reference(const Tensor& x_in, const Tensor& w, const OptionalTensor& gate_bias,
                       ScalarType out_dtype) {
   const NoGradGuard no_grad;
-  Tensor logits = aten::mm(torch::stable::to(x, kFloat),
-                           torch::stable::transpose(torch::stable::to(w, kFloat), 0, 1));
+  const Tensor wt = torch::stable::transpose(torch::stable::to(w, kFloat), 0, 1);
+  Tensor x = torch::stable::to(x_in, kFloat);
+  Tensor logits;
+  if (batch_invariant() && x.size(0) > 1) {
+    // One token at a time: a matrix product's blocking (and so its sums) depends on M.
+    logits = empty_on(x, {x.size(0), w.size(0)}, kFloat);
+    for (int64_t m = 0; m < x.size(0); ++m) {
+      copy_into(torch::stable::narrow(logits, 0, m, 1), aten::mm(torch::stable::narrow(x, 0, m, 1), wt));
+    }
+  } else {
+    logits = aten::mm(x, wt);
+  }
   if (gate_bias.has_value()) {
     logits = aten::add(logits, torch::stable::to(*gate_bias, kFloat));
   }
@@ -94,9 +122,14 @@ Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, ScalarType wei
   if (!kernels_support(sm, N, K)) {
     return cublas;
   }
-  // The first line of CHOICES that takes the problem (variants.py); a row built for 16-byte
-  // loads only is passed over when the input does not allow them. No line: cuBLAS.
-  for (const ChoiceRow& choice : kChoiceRows) {
+  // The first line of CHOICES (BATCH_INVARIANT_CHOICES in that mode) that takes the problem
+  // (variants.py); a row built for 16-byte loads only is passed over when the input does not
+  // allow them. No line: cuBLAS.
+  const bool invariant = batch_invariant();
+  const ChoiceRow* first = invariant ? std::begin(kBatchInvariantChoiceRows) : std::begin(kChoiceRows);
+  const ChoiceRow* last = invariant ? std::end(kBatchInvariantChoiceRows) : std::end(kChoiceRows);
+  for (const ChoiceRow* line = first; line != last; ++line) {
+    const ChoiceRow& choice = *line;
     if (choice.weight_dtype == weight_dtype && choice.m_lo <= M && M <= choice.m_hi &&
         choice.n_min <= N && N <= choice.n_max && choice.k_min <= K && K <= choice.k_max) {
       if (choice.variant < 0) {
@@ -150,6 +183,10 @@ Tensor router_gemm_with_variant_cpu(const Tensor& x, const Tensor& w, const std:
   return gemm_reference(x, w, std::nullopt, out_dtype);
 }
 
+bool set_batch_invariant(bool enabled) { return batch_invariant_flag().exchange(enabled); }
+
+bool is_batch_invariant() { return batch_invariant(); }
+
 std::string ll_bf16_gemm_variant(int64_t M, int64_t N, int64_t K, ScalarType out_dtype,
                                  int64_t sm, bool aligned, ScalarType weight_dtype) {
   KIMI_CHECK(M >= 0 && N >= 1 && K >= 1,
@@ -179,6 +216,10 @@ STABLE_TORCH_LIBRARY(kimi, m) {
   m.def(
       "router_gemm_with_variant(Tensor hidden_states, Tensor router_weight, str variant, "
       "ScalarType out_dtype=float32) -> Tensor");
+  // Batch-invariant mode on or off (ll_bf16_gemm.h: batch_invariant); returns the previous
+  // setting. And the setting now.
+  m.def("set_batch_invariant(bool enabled) -> bool");
+  m.def("is_batch_invariant() -> bool");
   // The dispatch's choice for a problem, as "<variant>:vec<8|1>", "cublas" or "empty".
   m.def(
       "ll_bf16_gemm_variant(int M, int N, int K, ScalarType out_dtype=float32, int sm=90, "
@@ -194,6 +235,8 @@ STABLE_TORCH_LIBRARY(kimi, m) {
 STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
   m.impl("ll_bf16_gemm_variant", TORCH_BOX(&ll_bf16_gemm_variant));
   m.impl("compiled_kernels", TORCH_BOX(&compiled_kernel_symbols));
+  m.impl("set_batch_invariant", TORCH_BOX(&set_batch_invariant));
+  m.impl("is_batch_invariant", TORCH_BOX(&is_batch_invariant));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {

@@ -23,6 +23,14 @@ void check_router_gemm_inputs(const Tensor& hidden_states, const Tensor& router_
 Tensor gemm_reference(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
                       ScalarType out_dtype);
 
+// Batch-invariant mode: a token's logits, ids and weights are the same bits whatever other
+// tokens share its call (every M sums as M = 1 does: the kernels of
+// variants.BATCH_INVARIANT_CHOICES, cuBLAS or the CPU's reference one token at a time, the
+// router's two launches). Off by default; on at load with KIMI_ROUTER_OPS_BATCH_INVARIANT=1,
+// or set by the set_batch_invariant op. Read by every call, so graphs captured or compiled
+// before a change keep the kernels they were captured with.
+bool batch_invariant();
+
 // Whether the CuTe DSL kernels can run a problem at all on a GPU of compute capability sm.
 bool kernels_support(int64_t sm, int64_t N, int64_t K);
 
@@ -48,9 +56,10 @@ std::vector<std::string> compiled_kernel_symbols();
 
 #ifdef KIMI_WITH_CUDA
 // The GEMM of checked CUDA inputs on the current stream: the chosen kernel, or cuBLAS
-// (csrc/cuda/ll_bf16_gemm_cuda.cpp).
+// (csrc/cuda/ll_bf16_gemm_cuda.cpp). Into `into` where given (out_dtype [M, N], unit stride
+// along N: the kernels write it, cuBLAS's result is copied in), which it returns.
 Tensor gemm_on_gpu(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
-                   ScalarType out_dtype);
+                   ScalarType out_dtype, const Tensor* into = nullptr);
 
 // Whether x and w allow 16-byte loads of w (vec16_elements a load; x's loads take as many).
 bool vec16_ok(const Tensor& x, const Tensor& w);

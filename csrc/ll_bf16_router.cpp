@@ -44,6 +44,22 @@ void check_router_inputs(const char* op, const Tensor& x, const Tensor& w,
   check_routing_args(op, x.size(0), w.size(0), w.device(), "router_weight", bias, r);
 }
 
+void check_router_outputs(const char* op, const Tensor& x, const Tensor& w,
+                          const RoutingParams& r, const RouterDestination& out) {
+  const int64_t M = x.size(0), N = w.size(0);
+  check_routing_outputs(op, M, N, x.device(), r, out.routing);
+  const Tensor& logits = out.logits;
+  KIMI_CHECK(logits.scalar_type() == kFloat, op, ": logits must be torch.float32, got ",
+             dtype_name(logits.scalar_type()));
+  KIMI_CHECK(logits.dim() == 2 && logits.size(0) == M && logits.size(1) == N, op,
+             ": logits must have shape [", M, ", ", N, "], got ", logits.sizes());
+  KIMI_CHECK(logits.device() == x.device(), op, ": logits must be on ", x.device(), ", got ",
+             logits.device());
+  KIMI_CHECK(logits.stride(1) == 1 || N == 1, op,
+             ": logits must have a unit stride along its last dimension, got strides ",
+             logits.strides());
+}
+
 std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
                               const RoutingParams& r) {
   const int64_t M = p.M, N = p.N, K = p.K;
@@ -59,9 +75,10 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
     why << "handles 1 <= M <= " << row.m_hi << ", got M = " << M;
   } else if (N > row.n_max) {
     why << "routes N <= " << row.n_max << " experts, got N = " << N;
-  } else if (r.top_k > kRouterMaxTopK) {
+  } else if (r.width() > kRouterMaxTopK) {
     // The picked ids are spread over the lanes of a warp, and so are the group scores.
-    why << "picks top_k <= " << kRouterMaxTopK << ", got " << r.top_k;
+    why << "picks top_k <= " << kRouterMaxTopK << " (shared-expert slots included), got "
+        << r.width();
   } else if (r.topk_group < r.n_group && r.n_group > kRouterMaxGroups) {
     why << "drops groups only among n_group <= " << kRouterMaxGroups << ", got " << r.n_group;
   } else if (!p.vec16_ok) {
@@ -73,6 +90,9 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
 }
 
 const RouterRow* choose_router(const RouterProblem& p, const RoutingParams& r) {
+  if (batch_invariant()) {
+    return nullptr;  // a fused row's GEMM sums as its M bucket does: the two launches
+  }
   for (const RouterRow& row : kRouterRows) {
     if (row.m_lo <= p.M && row.n_min <= p.N && router_row_misfit(row, p, r).empty()) {
       return &row;
@@ -92,11 +112,17 @@ std::tuple<Tensor, Tensor, Tensor> router_reference(const char* op, const Router
                                                     const Tensor& x, const Tensor& w,
                                                     const OptionalTensor& bias,
                                                     const OptionalTensor& gate_bias,
-                                                    const RoutingParams& r) {
+                                                    const RoutingParams& r,
+                                                    const RouterDestination* into) {
   check_router_inputs(op, x, w, bias, gate_bias, r);
   const Tensor logits = gemm_reference(x, w, gate_bias, kFloat);
   auto [weights, ids] = routing_reference(logits, bias, r);
-  return {weights, ids, logits};
+  if (into == nullptr) {
+    return {weights, ids, logits};
+  }
+  copy_into(into->logits, logits);
+  write_routing(weights, ids, w.size(0), r, into->routing);
+  return {into->routing.weights, into->routing.ids, into->logits};
 }
 
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,
@@ -151,6 +177,13 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
       "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None, "
       "Tensor? input_ids=None, Tensor? hash_table=None) "
       "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+  // `router` into the caller's tensors: moe_routing_out's outputs, and logits fp32 [M, N].
+  m.def(
+      "router_out(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
+      "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
+      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None, "
+      "Tensor? input_ids=None, Tensor? hash_table=None, " KIMI_ROUTING_OUT_ARGS
+      ", Tensor(d!) logits) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {

@@ -34,23 +34,35 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
 // The router table row called `name`; an error listing the valid names if there is none.
 const RouterRow& router_row_by_name(const std::string& name);
 
+// Where a router writes (router_out): logits fp32 [M, N] and the routing's outputs.
+struct RouterDestination {
+  Tensor logits;
+  RoutingOutputs routing;
+};
+
+// router_out's contract on its outputs (besides the inputs' check_router_inputs).
+void check_router_outputs(const char* op, const Tensor& x, const Tensor& w,
+                          const RoutingParams& r, const RouterDestination& out);
+
 #ifdef KIMI_WITH_CUDA
 // The router of CUDA inputs on the current stream (checked here, as `op`'s contract): the
-// named row `forced`, or nullptr for the automatic choice (csrc/cuda/ll_bf16_router_cuda.cpp).
+// named row `forced`, or nullptr for the automatic choice (csrc/cuda/ll_bf16_router_cuda.cpp);
+// into `into` (checked by the caller), which it returns, or into new tensors.
 std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow* forced,
                                                 const Tensor& x, const Tensor& w,
                                                 const OptionalTensor& bias,
                                                 const OptionalTensor& gate_bias,
-                                                const RoutingParams& routing);
+                                                const RoutingParams& routing,
+                                                const RouterDestination* into = nullptr);
 #endif
 
-// The three router ops over one implementation, Route(op, named row or nullptr, x, w, bias,
-// gate_bias, routing): the CPU's reference or the CUDA dispatch. `op` names the op whose
-// contract applies (check_router_inputs).
+// The four router ops over one implementation, Route(op, named row or nullptr, x, w, bias,
+// gate_bias, routing, destination or nullptr): the CPU's reference or the CUDA dispatch.
+// `op` names the op whose contract applies (check_router_inputs).
 using RouterOutputs = std::tuple<Tensor, Tensor, Tensor>;
 template <RouterOutputs (*Route)(const char*, const RouterRow*, const Tensor&, const Tensor&,
                                  const OptionalTensor&, const OptionalTensor&,
-                                 const RoutingParams&)>
+                                 const RoutingParams&, const RouterDestination*)>
 struct RouterOps {
   static RouterOutputs ll_bf16_router(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
                                       int64_t top_k, int64_t n_group, int64_t topk_group,
@@ -59,7 +71,8 @@ struct RouterOps {
     const char* op = "ll_bf16_router";
     return Route(op, nullptr, x, w, bias, std::nullopt,
                  routing_params(op, top_k, n_group, topk_group, renormalize,
-                                routed_scaling_factor, scoring));
+                                routed_scaling_factor, scoring),
+                 nullptr);
   }
 
   static RouterOutputs router(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
@@ -70,7 +83,8 @@ struct RouterOps {
     const char* op = "router";
     return Route(op, nullptr, x, w, bias, gate_bias,
                  routing_params(op, top_k, n_group, topk_group, renormalize,
-                                routed_scaling_factor, scoring, input_ids, hash_table));
+                                routed_scaling_factor, scoring, input_ids, hash_table),
+                 nullptr);
   }
 
   static RouterOutputs router_with_variant(
@@ -81,15 +95,37 @@ struct RouterOps {
     const char* op = "router_with_variant";
     return Route(op, &router_row_by_name(variant), x, w, bias, gate_bias,
                  routing_params(op, top_k, n_group, topk_group, renormalize,
-                                routed_scaling_factor, scoring, input_ids, hash_table));
+                                routed_scaling_factor, scoring, input_ids, hash_table),
+                 nullptr);
   }
 
-  // Registers the three for one dispatch key (STABLE_TORCH_LIBRARY_IMPL's library).
+  // `router` into the caller's tensors (CUDA graphs' static buffers), with expert counts and
+  // shared-expert slots: moe_routing_out's outputs, and logits.
+  static void router_out(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
+                         int64_t top_k, int64_t n_group, int64_t topk_group, bool renormalize,
+                         double routed_scaling_factor, const std::string& scoring,
+                         const OptionalTensor& gate_bias, const OptionalTensor& input_ids,
+                         const OptionalTensor& hash_table, const Tensor& topk_weights,
+                         const Tensor& topk_ids, const OptionalTensor& expert_counts,
+                         int64_t num_fused_shared_experts, double shared_expert_weight,
+                         const Tensor& logits) {
+    const char* op = "router_out";
+    const RoutingParams r = routing_params_out(
+        op, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring, input_ids,
+        hash_table, num_fused_shared_experts, shared_expert_weight);
+    check_router_inputs(op, x, w, bias, gate_bias, r);
+    const RouterDestination out{logits, {topk_weights, topk_ids, expert_counts}};
+    check_router_outputs(op, x, w, r, out);
+    Route(op, nullptr, x, w, bias, gate_bias, r, &out);
+  }
+
+  // Registers the four for one dispatch key (STABLE_TORCH_LIBRARY_IMPL's library).
   template <typename Library>
   static void impl(Library& m) {
     m.impl("ll_bf16_router", TORCH_BOX(&ll_bf16_router));
     m.impl("router", TORCH_BOX(&router));
     m.impl("router_with_variant", TORCH_BOX(&router_with_variant));
+    m.impl("router_out", TORCH_BOX(&router_out));
   }
 };
 

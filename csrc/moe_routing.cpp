@@ -44,6 +44,10 @@ RoutingScalars RoutingParams::kernel_scalars(bool has_bias) const {
   };
   s.ids_words = words(input_ids);
   s.table_words = words(hash_table);
+  s.shared_experts = int32_t(shared_experts);
+  s.shared_weight = static_cast<float>(shared_expert_weight);
+  s.id_words = 1;
+  s.has_counts = 0;
   return s;
 }
 
@@ -65,6 +69,72 @@ RoutingParams routing_params(const char* op, int64_t top_k, int64_t n_group, int
   }
   throw std::runtime_error(
       message(op, ": scoring must be ", names.str(), ", got '", scoring, "'"));
+}
+
+RoutingParams routing_params_out(const char* op, int64_t top_k, int64_t n_group, int64_t topk_group,
+                                 bool renormalize, double routed_scaling_factor,
+                                 const std::string& scoring, const OptionalTensor& input_ids,
+                                 const OptionalTensor& hash_table, int64_t num_fused_shared_experts,
+                                 double shared_expert_weight) {
+  RoutingParams r = routing_params(op, top_k, n_group, topk_group, renormalize,
+                                   routed_scaling_factor, scoring, input_ids, hash_table);
+  KIMI_CHECK(num_fused_shared_experts >= 0, op,
+             ": num_fused_shared_experts must be >= 0, got ", num_fused_shared_experts);
+  KIMI_CHECK(std::isfinite(shared_expert_weight), op,
+             ": shared_expert_weight must be finite, got ", shared_expert_weight);
+  r.shared_experts = num_fused_shared_experts;
+  r.shared_expert_weight = shared_expert_weight;
+  return r;
+}
+
+namespace {
+
+// `name` must be a [rows, cols] tensor of `dtype` (or one of two) on `device` with a unit
+// stride along its last dimension.
+void check_output(const char* op, const char* name, const Tensor& t, int64_t rows, int64_t cols,
+                  const Device& device, ScalarType dtype, std::optional<ScalarType> or_dtype = {}) {
+  KIMI_CHECK(t.scalar_type() == dtype || (or_dtype && t.scalar_type() == *or_dtype), op, ": ", name,
+             " must be ", dtype_name(dtype), or_dtype ? " or " + dtype_name(*or_dtype) : "", ", got ",
+             dtype_name(t.scalar_type()));
+  const bool shaped = rows < 0 ? t.dim() == 1 && t.size(0) == cols
+                               : t.dim() == 2 && t.size(0) == rows && t.size(1) == cols;
+  if (rows < 0) {
+    KIMI_CHECK(shaped, op, ": ", name, " must have shape [", cols, "], got ", t.sizes());
+  } else {
+    KIMI_CHECK(shaped, op, ": ", name, " must have shape [", rows, ", ", cols, "], got ", t.sizes());
+  }
+  KIMI_CHECK(t.device() == device, op, ": ", name, " must be on ", device, ", got ", t.device());
+  KIMI_CHECK(t.stride(t.dim() - 1) == 1 || t.size(t.dim() - 1) <= 1, op, ": ", name,
+             " must have a unit stride along its last dimension, got strides ", t.strides());
+}
+
+}  // namespace
+
+void check_routing_outputs(const char* op, int64_t M, int64_t N, const Device& device,
+                           const RoutingParams& r, const RoutingOutputs& out) {
+  check_output(op, "topk_weights", out.weights, M, r.width(), device, kFloat);
+  check_output(op, "topk_ids", out.ids, M, r.width(), device, kInt, ScalarType::Long);
+  if (out.counts.has_value()) {
+    check_output(op, "expert_counts", *out.counts, -1, N + r.shared_experts, device, kInt);
+  }
+}
+
+void write_routing(const Tensor& weights, const Tensor& ids, int64_t N, const RoutingParams& r,
+                   const RoutingOutputs& out) {
+  const NoGradGuard no_grad;
+  Tensor out_weights = out.weights, out_ids = out.ids;
+  copy_into(torch::stable::narrow(out_weights, 1, 0, r.top_k), weights);
+  copy_into(torch::stable::narrow(out_ids, 1, 0, r.top_k), ids);
+  for (int64_t s = 0; s < r.shared_experts; ++s) {
+    torch::stable::fill_(torch::stable::narrow(out_weights, 1, r.top_k + s, 1), r.shared_expert_weight);
+    torch::stable::fill_(torch::stable::narrow(out_ids, 1, r.top_k + s, 1), double(N + s));
+  }
+  if (out.counts.has_value() && out.ids.numel() > 0) {
+    // bincount of every stored id, added to the caller's counts.
+    const Tensor index = torch::stable::reshape(torch::stable::to(out.ids, ScalarType::Long), {-1});
+    const Tensor ones = torch::stable::full(index.sizes(), 1.0, kInt, std::nullopt, index.device());
+    (void)call_tensor_op("aten::scatter_add_", "", *out.counts, int64_t(0), index, ones);
+  }
 }
 
 namespace {
@@ -164,8 +234,9 @@ void check_routing_args(const char* op, int64_t M, int64_t N, const std::optiona
 }
 
 bool routing_kernel_fits(int64_t N, const RoutingParams& r, int64_t sm) {
-  // The picked ids are spread over the lanes of a warp, and so are the group scores.
-  return (sm == 90 || sm == 100) && N <= kRouterMaxN && r.top_k <= kRouterMaxTopK &&
+  // The picked ids (and shared slots) are spread over the lanes of a warp, and so are the
+  // group scores.
+  return (sm == 90 || sm == 100) && N <= kRouterMaxN && r.width() <= kRouterMaxTopK &&
          (r.topk_group == r.n_group || r.n_group <= kRouterMaxGroups);
 }
 
@@ -270,9 +341,36 @@ std::tuple<Tensor, Tensor> moe_routing_cpu(const Tensor& logits, const OptionalT
   return routing_reference(logits, bias, r);
 }
 
+void moe_routing_out_cpu(const Tensor& logits, const OptionalTensor& bias, int64_t top_k,
+                         int64_t n_group, int64_t topk_group, bool renormalize,
+                         double routed_scaling_factor, const std::string& scoring,
+                         const OptionalTensor& input_ids, const OptionalTensor& hash_table,
+                         const Tensor& topk_weights, const Tensor& topk_ids,
+                         const OptionalTensor& expert_counts, int64_t num_fused_shared_experts,
+                         double shared_expert_weight) {
+  const char* op = "moe_routing_out";
+  const RoutingParams r =
+      routing_params_out(op, top_k, n_group, topk_group, renormalize, routed_scaling_factor,
+                         scoring, input_ids, hash_table, num_fused_shared_experts,
+                         shared_expert_weight);
+  check_moe_routing_inputs(logits, bias, r);
+  const RoutingOutputs out{topk_weights, topk_ids, expert_counts};
+  check_routing_outputs(op, logits.size(0), logits.size(1), logits.device(), r, out);
+  auto [weights, ids] = routing_reference(logits, bias, r);
+  write_routing(weights, ids, logits.size(1), r, out);
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
+  // moe_routing into the caller's tensors: topk_weights fp32 and topk_ids int32 or int64
+  // [M, top_k + num_fused_shared_experts] (the shared experts' slots last: ids N, N + 1, ...,
+  // weight shared_expert_weight), expert_counts int32 [N + num_fused_shared_experts] added to.
+  m.def(
+      "moe_routing_out(Tensor logits, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
+      "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
+      "str scoring=\"sigmoid\", Tensor? input_ids=None, Tensor? hash_table=None, "
+      KIMI_ROUTING_OUT_ARGS ") -> ()");
   m.def(
       "moe_routing(Tensor logits, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
       "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
@@ -280,6 +378,9 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
       "-> (Tensor topk_weights, Tensor topk_ids)");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) { m.impl("moe_routing", TORCH_BOX(&moe_routing_cpu)); }
+STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
+  m.impl("moe_routing", TORCH_BOX(&moe_routing_cpu));
+  m.impl("moe_routing_out", TORCH_BOX(&moe_routing_out_cpu));
+}
 
 }  // namespace kimi

@@ -17,11 +17,51 @@ struct RoutingParams {
   // A hash-routed layer (DeepSeek-V4's first ones): ids = hash_table[input_ids], input_ids
   // int32/int64 [M], hash_table int32/int64 [V, top_k]; both or neither.
   OptionalTensor input_ids, hash_table;
+  // Fused shared experts (the `_out` ops): `shared_experts` slots after the top_k, ids N,
+  // N + 1, ..., each of weight `shared_expert_weight` (SGLang's moe_fused_gate convention).
+  int64_t shared_experts = 0;
+  double shared_expert_weight = 1.0;
 
   bool hashed() const { return hash_table.has_value(); }
-  // The same as the kernels take them, with or without a score-correction bias.
+  // Slots a token's outputs hold: the top_k picks, then the shared experts.
+  int64_t width() const { return top_k + shared_experts; }
+  // The same as the kernels take them, with or without a score-correction bias (one int32
+  // word an id, no expert counts: put_routing_outputs sets those).
   RoutingScalars kernel_scalars(bool has_bias) const;
 };
+
+// Where a routing writes: topk_weights fp32 and topk_ids int32 or int64 [M, width], each with
+// a unit stride along its last dimension, and optionally expert counts int32 [N +
+// shared_experts], added to (bincount of the ids). The functional ops allocate them; the
+// `_out` ops take the caller's.
+struct RoutingOutputs {
+  Tensor weights, ids;
+  OptionalTensor counts;
+};
+
+// The `_out` ops' routing arguments: `routing_params`'s, plus the shared-expert slots,
+// checked (count >= 0, a finite weight).
+RoutingParams routing_params_out(const char* op, int64_t top_k, int64_t n_group, int64_t topk_group,
+                                 bool renormalize, double routed_scaling_factor,
+                                 const std::string& scoring, const OptionalTensor& input_ids,
+                                 const OptionalTensor& hash_table, int64_t num_fused_shared_experts,
+                                 double shared_expert_weight);
+
+// The `_out` ops' contract on their outputs for M tokens and N experts on `device`: dtypes,
+// shapes, unit inner strides, devices.
+void check_routing_outputs(const char* op, int64_t M, int64_t N, const Device& device,
+                           const RoutingParams& r, const RoutingOutputs& out);
+
+// Writes a reference routing (weights fp32, ids int32 [M, top_k]) into `out`: the picks,
+// the shared-expert slots, the counts.
+void write_routing(const Tensor& weights, const Tensor& ids, int64_t N, const RoutingParams& r,
+                   const RoutingOutputs& out);
+
+// The routing arguments of every `_out` op after its inputs: where it writes (the caller's
+// buffers, for CUDA graphs), what it adds (expert counts) and the shared-expert slots.
+#define KIMI_ROUTING_OUT_ARGS                                                               \
+  "*, Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor(c!)? expert_counts=None, "      \
+  "int num_fused_shared_experts=0, float shared_expert_weight=1.0"
 
 // The routing arguments of a call of `op`, its `scoring` argument checked (the name of a
 // Scoring, lower case).
@@ -55,6 +95,9 @@ bool routing_kernel_fits(int64_t N, const RoutingParams& r, int64_t sm);
 // the reference otherwise (csrc/cuda/moe_routing_cuda.cpp).
 std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits, const OptionalTensor& bias,
                                               const RoutingParams& r);
+// The same into `out` (checked).
+void moe_routing_on_gpu_into(const Tensor& logits, const OptionalTensor& bias,
+                             const RoutingParams& r, const RoutingOutputs& out);
 #endif
 
 }  // namespace kimi

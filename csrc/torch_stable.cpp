@@ -62,6 +62,11 @@ Tensor empty_on(const Tensor& like, std::initializer_list<int64_t> sizes, Scalar
   return Tensor(out);
 }
 
+void copy_into(const Tensor& dst, const Tensor& src) {
+  Tensor target = dst;
+  torch::stable::copy_(target, src);
+}
+
 namespace aten {
 
 namespace {

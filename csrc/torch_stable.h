@@ -91,6 +91,9 @@ namespace kimi {
 // dispatcher round trip).
 Tensor empty_on(const Tensor& like, std::initializer_list<int64_t> sizes, ScalarType dtype);
 
+// dst.copy_(src): src's values into dst's elements (converted to dst's dtype).
+void copy_into(const Tensor& dst, const Tensor& src);
+
 // Grad mode off for a scope. The ops' autograd is a fallthrough (ops.py), so the reference
 // paths run with the caller's grad mode; their ATen ops must not record history, or the
 // outputs of the CPU would require grad where the GPU kernels' do not.

@@ -4,6 +4,7 @@
     logits = kimi_router_ops.router_gemm(hidden_states, fp32_or_bf16_weight, bias)
     weights, ids, logits = kimi_router_ops.ll_bf16_router(hidden_states, router_weight, bias, top_k)
     weights, ids = kimi_router_ops.moe_routing(logits, bias, top_k)       # routing alone
+    kimi_router_ops.router_out(x, w, bias, top_k, topk_weights=tw, topk_ids=ti, logits=lg)  # into yours
     weights, ids, logits, proj = kimi_router_ops.router_and_projection(x, w, p, bias, top_k)
 
 Importing the package loads `_C`, which registers torch.ops.kimi.*; run time needs only torch.
@@ -35,15 +36,19 @@ if _os.environ.get("KIMI_ROUTER_OPS_BUILD") != "1":
         chosen_variant,
         compiled_kernels,
         fused_add_rms_norm,
+        is_batch_invariant,
         ll_bf16_gemm,
         ll_bf16_router,
         moe_routing,
+        moe_routing_out,
         rms_norm,
         router,
         router_and_projection,
+        router_out,
         router_gemm,
         router_gemm_with_variant,
         router_with_variant,
+        set_batch_invariant,
     )
     from .router_linear import RouterLinear
 
@@ -69,14 +74,18 @@ __all__ = [
     "chosen_variant",
     "compiled_kernels",
     "fused_add_rms_norm",
+    "is_batch_invariant",
     "ll_bf16_gemm",
     "ll_bf16_router",
     "moe_routing",
+    "moe_routing_out",
     "rms_norm",
     "__version__",
     "router",
     "router_and_projection",
+    "router_out",
     "router_gemm",
     "router_gemm_with_variant",
     "router_with_variant",
+    "set_batch_invariant",
 ]

@@ -75,6 +75,22 @@ def compiled_kernels() -> list[str]:
     return list(_ops.compiled_kernels.default())
 
 
+def set_batch_invariant(enabled: bool) -> bool:
+    """Batch-invariant mode on or off, for every op and thread of the process; returns the
+    previous setting. On, a token's logits, ids and weights are the same bits whatever other
+    tokens share its call, at any M: every M sums as M = 1 does (the M = 1 kernels one token a
+    CTA, cuBLAS or the CPU reference one token at a time; the router as its GEMM, then the
+    routing kernel). The routing alone is batch-invariant in either mode. Off by default;
+    KIMI_ROUTER_OPS_BATCH_INVARIANT=1 turns it on at import. Calls read it as they run:
+    CUDA graphs keep the kernels they captured. docs/api.md has its cost."""
+    return _ops.set_batch_invariant.default(bool(enabled))
+
+
+def is_batch_invariant() -> bool:
+    """Whether batch-invariant mode is on (`set_batch_invariant`)."""
+    return _ops.is_batch_invariant.default()
+
+
 def _required(top_k, op):
     """top_k follows e_score_correction_bias, which defaults to None (Qwen, Mixtral: no bias):
     so it has a default too, and this says it is required."""
@@ -184,6 +200,48 @@ def moe_routing(logits: Tensor, e_score_correction_bias: Tensor | None = None, t
                                     hash_table)
 
 
+def moe_routing_out(logits: Tensor, e_score_correction_bias: Tensor | None = None, top_k: int | None = None,
+                    n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
+                    routed_scaling_factor: float = 1.0, scoring: str = "sigmoid", input_ids: Tensor | None = None,
+                    hash_table: Tensor | None = None, *, topk_weights: Tensor, topk_ids: Tensor,
+                    expert_counts: Tensor | None = None, num_fused_shared_experts: int = 0,
+                    shared_expert_weight: float = 1.0) -> tuple[Tensor, Tensor]:
+    """`moe_routing` into tensors you own (CUDA graphs' static buffers: no allocation on the
+    kernel paths), returned for convenience.
+
+    topk_weights fp32 and topk_ids int32 or int64 [M, top_k + num_fused_shared_experts], each
+    with a unit stride along its last dimension: the top_k picks as `moe_routing` gives them,
+    then the fused shared experts' slots, ids N, N + 1, ... of weight `shared_expert_weight`
+    (SGLang's moe_fused_gate: 1.0 where the routed scaling is already in the weights, else
+    1 / routed_scaling_factor). `expert_counts`, int32 [N + num_fused_shared_experts], gets
+    one added per stored id (bincount of topk_ids: an MoE dispatch's histogram); zero it
+    first for this call's counts alone."""
+    _ops.moe_routing_out.default(logits, e_score_correction_bias, _required(top_k, "moe_routing_out"), n_group,
+                                 topk_group, renormalize, routed_scaling_factor, scoring, input_ids, hash_table,
+                                 topk_weights=topk_weights, topk_ids=topk_ids, expert_counts=expert_counts,
+                                 num_fused_shared_experts=num_fused_shared_experts,
+                                 shared_expert_weight=shared_expert_weight)
+    return topk_weights, topk_ids
+
+
+def router_out(hidden_states: Tensor, router_weight: Tensor, e_score_correction_bias: Tensor | None = None,
+               top_k: int | None = None, n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
+               routed_scaling_factor: float = 1.0, scoring: str = "sigmoid", gate_bias: Tensor | None = None,
+               input_ids: Tensor | None = None, hash_table: Tensor | None = None, *, topk_weights: Tensor,
+               topk_ids: Tensor, logits: Tensor, expert_counts: Tensor | None = None,
+               num_fused_shared_experts: int = 0,
+               shared_expert_weight: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
+    """`router` into tensors you own: `moe_routing_out`'s outputs and arguments, and logits
+    fp32 [M, N] (unit stride along N), which the kernels write on the way. Returns
+    (topk_weights, topk_ids, logits), the tensors given."""
+    _ops.router_out.default(hidden_states, router_weight, e_score_correction_bias, _required(top_k, "router_out"),
+                            n_group, topk_group, renormalize, routed_scaling_factor, scoring, gate_bias,
+                            input_ids, hash_table, topk_weights=topk_weights, topk_ids=topk_ids,
+                            expert_counts=expert_counts, num_fused_shared_experts=num_fused_shared_experts,
+                            shared_expert_weight=shared_expert_weight, logits=logits)
+    return topk_weights, topk_ids, logits
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """bf16 ((x * rsqrt(mean(x^2) + eps)) * weight), fp32 math, one rounding; x bf16 [M, K],
     weight bf16 [K]. The producer of a router's hidden_states."""
@@ -247,6 +305,8 @@ _fake("kimi::router_gemm_with_variant")(lambda x, w, variant, out_dtype=torch.fl
 for _op in ("ll_bf16_router", "router_with_variant", "router"):
     _fake(f"kimi::{_op}")(_router_fake)
 _fake("kimi::router_and_projection")(_router_projection_fake)
+for _op in ("moe_routing_out", "router_out"):  # they write the caller's tensors, return nothing
+    _fake(f"kimi::{_op}")(lambda *args, **kwargs: None)
 _fake("kimi::moe_routing")(lambda logits, bias, top_k, *args, **kwargs: _choice(logits, _rows(logits), top_k))
 _fake("kimi::rms_norm")(lambda x, *args, **kwargs: _norm_output(x))
 _fake("kimi::fused_add_rms_norm")(lambda x, *args, **kwargs: (_norm_output(x), _norm_output(x)))
@@ -282,6 +342,6 @@ for _op in ("ll_bf16_gemm", "router_gemm"):
 # skips autograd at no cost per call; their outputs do not require grad.
 _autograd_lib = torch.library.Library("kimi", "IMPL")
 for _op in ("router_gemm_with_variant", "ll_bf16_router", "router_with_variant", "router", "router_and_projection",
-            "moe_routing",
+            "router_out", "moe_routing", "moe_routing_out",
             "rms_norm", "fused_add_rms_norm", "attn_res"):
     _autograd_lib.impl(_op, torch.library.fallthrough_kernel, "Autograd")

@@ -149,6 +149,11 @@ VARIANTS = (
     # Five tokens and more: 8 or 16 a CTA, more along the grid's y.
     _f32w("f32w_m8_r2_u2_t256", 8, rows=2, unroll=2, threads=256, tiles=True),
     _f32w("f32w_m16_r2_u2_t128", 16, rows=2, unroll=2, threads=128, tiles=True),
+    # Batch-invariant mode (BATCH_INVARIANT_CHOICES): the M = 1 kernels with one token a CTA
+    # along the grid's y, for any M.
+    Variant("m1_prefetch_r4_t256_tiles", Dotprod(1, 4, 4, 256, token_tiles=True)),
+    _f32w("f32w_m1_r2_u4_t256_tiles", 1, rows=2, unroll=4, threads=256, tiles=True),
+    _f32w("f32w_m1_r1_u8_t256_tiles", 1, rows=1, unroll=8, threads=256, tiles=True),
 )
 
 # Experiments, run only when named: what the prefetch, PDL and the trigger point are worth.
@@ -217,6 +222,17 @@ CHOICES = (
     _f32w_choice("f32w_m8_r2_u2_t256", 5, 16),
     _f32w_choice("f32w_m8_r2_u2_t256", 17, 64, n_max=128),
     _f32w_choice("f32w_m16_r2_u2_t128", 17, 64),
+)
+
+# The choice in batch-invariant mode (kimi_router_ops.set_batch_invariant): a token's logits
+# are the same bits whatever else is in the batch, because every M runs the kernel that M = 1
+# runs, token-tiled (each line the twin of CHOICES' M = 1 line for the same problems: the
+# same threads, vectors a step and rows a CTA, so the same sums in the same order; a test
+# holds the two tables to it). No line: cuBLAS one token at a time.
+BATCH_INVARIANT_CHOICES = (
+    Choice("m1_prefetch_r4_t256_tiles", 1, INT32_MAX),
+    _f32w_choice("f32w_m1_r2_u4_t256_tiles", 1, INT32_MAX, k_max=4096),
+    _f32w_choice("f32w_m1_r1_u8_t256_tiles", 1, INT32_MAX),
 )
 
 
@@ -415,10 +431,14 @@ class Scoring(IntEnum):
 # (RoutingScalars) carries them to the fused router and the routing op's kernels. A hash-routed
 # call (DeepSeek-V4's first layers: ids = hash_table[input_ids]) gives the int32 words an
 # element of input_ids and of hash_table spans (1 for int32, 2 for int64); 0: not hashed.
+# The outputs: `shared_experts` fused shared-expert slots after the top_k (ids N, N + 1, ...,
+# weight `shared_weight`), topk_ids as int32 words (`id_words` 2: int64), and expert counts
+# (`has_counts`: one atomic add a routed slot into the `counts` tensor).
 ROUTING_SCALARS = (
     ("top_k", "int32"), ("n_group", "int32"), ("topk_group", "int32"), ("renormalize", "int32"),
     ("has_bias", "int32"), ("scoring", "int32"), ("scaling", "float32"),
     ("ids_words", "int32"), ("table_words", "int32"),
+    ("shared_experts", "int32"), ("shared_weight", "float32"), ("id_words", "int32"), ("has_counts", "int32"),
 )
 
 

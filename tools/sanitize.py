@@ -58,7 +58,7 @@ def main():
         if not re.search(args.only, v.name):
             continue
         # Tensor-core rows: a second, partial token tile too (grid z).
-        tiles = {v.kernel.tokens + 3} if isinstance(v.kernel, variants.Mma) else set()
+        tiles = {v.kernel.tokens + 3} if v.kernel.token_tiles else set()
         for m in sorted({1, v.tokens} | tiles):
             for n, k in shapes:
                 if k % 8 and 1 not in v.kernel.vecs:
@@ -149,6 +149,31 @@ def main():
                                       "reference")
                                 sys.exit(1)
                             calls += 1
+    if re.search(args.only, "routing_out"):
+        # The _out ops: int64 ids, a shared-expert slot, expert counts and buffers with wider
+        # rows, over the M buckets of the fused rows, the two launches (M = 40) and the
+        # routing kernel.
+        for m in (1, 2, 4, 9, 16, 40):
+            for n, k, top_k, n_group, topk_group in ROUTER_CASES[1:4]:
+                x = torch.randn(m, k).to(torch.bfloat16).cuda()
+                w = (torch.randn(n, k) * k ** -0.5).to(torch.bfloat16).cuda()
+                bias = make_bias(n, torch.float32).cuda()
+                route = (top_k, n_group, topk_group, True, 2.5)
+                weights = torch.empty(m, top_k + 5, device="cuda")[:, :top_k + 1]
+                ids = torch.empty(m, top_k + 5, dtype=torch.int64, device="cuda")[:, :top_k + 1]
+                counts, logits = torch.zeros(n + 1, dtype=torch.int32, device="cuda"), torch.empty(m, n, device="cuda")
+                extra = dict(topk_weights=weights, topk_ids=ids, expert_counts=counts, num_fused_shared_experts=1)
+                kimi_router_ops.router_out(x, w, bias, *route, logits=logits, **extra)
+                want = kimi_router_ops.router(x, w, bias, *route)
+                first = ids.clone()
+                kimi_router_ops.moe_routing_out(logits, bias, *route, **extra)
+                good = (torch.equal(first[:, :top_k].int(), want[1]) and torch.equal(weights[:, :top_k], want[0])
+                        and (ids[:, top_k] == n).all() and torch.equal(ids, first)
+                        and torch.equal(counts.long(), 2 * torch.bincount(ids.flatten(), minlength=n + 1)))
+                if not good:
+                    print(f"routing_out m={m} n={n}: differs from router")
+                    sys.exit(1)
+                calls += 2
     if re.search(args.only, "gate_bias"):
         # router_gemm and router with a gate bias (gpt-oss's shape), bf16 and fp32 weights.
         for w_dtype in (torch.bfloat16, torch.float32):

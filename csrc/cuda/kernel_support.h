@@ -7,6 +7,7 @@
 
 #include <torch/csrc/stable/accelerator.h>
 
+#include "../moe_routing.h"
 #include "../torch_stable.h"
 #include "kimi_kernels.h"
 
@@ -188,6 +189,20 @@ inline HashArgs hash_args(const OptionalTensor& input_ids, const OptionalTensor&
           {table.data_ptr(), {int32_t(table.size(0)), int32_t(table.size(1) * table_words)},
            {row_stride(table) * table_words}},
           ids, table};
+}
+
+// A routing kernel's outputs (RoutingArgs, RouterArgs): topk_weights; topk_ids as int32
+// words (an int64 id two of them, its low word first: the kernel writes both); the expert
+// counts, or a stand-in the kernel never touches (has_counts = 0).
+template <typename Args>
+void put_routing_outputs(Args& args, const RoutingOutputs& out, int64_t N, const RoutingParams& r) {
+  args.weights = matrix_arg(out.weights);
+  const int32_t words = out.ids.scalar_type() == ScalarType::Long ? 2 : 1;
+  args.ids = {out.ids.data_ptr(), {int32_t(out.ids.size(0)), int32_t(out.ids.size(1) * words)},
+              {row_stride(out.ids) * words}};
+  args.counts = out.counts.has_value() ? row_arg(*out.counts, N + r.shared_experts) : args.weights;
+  args.routing.id_words = words;
+  args.routing.has_counts = out.counts.has_value() ? 1 : 0;
 }
 
 // Makes a device current for the calls of a scope (and restores the previous one).

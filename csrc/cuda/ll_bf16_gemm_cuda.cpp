@@ -60,14 +60,15 @@ bool vec16_ok(const Tensor& x, const Tensor& w) {
 
 namespace {
 
-// `row`: the variant named by router_gemm_with_variant, or nullptr for the automatic choice.
+// `row`: the variant named by router_gemm_with_variant, or nullptr for the automatic choice;
+// `into`: the output, or nullptr for a new one.
 Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
-              const OptionalTensor& gate_bias, ScalarType out_dtype) {
+              const OptionalTensor& gate_bias, ScalarType out_dtype, const Tensor* into = nullptr) {
   const Tensor x = unit_inner_stride(x_in);
   const Tensor w = unit_inner_stride(w_in);
   const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
   if (M == 0) {
-    return empty_on(x, {M, N}, out_dtype);
+    return into != nullptr ? *into : empty_on(x, {M, N}, out_dtype);
   }
   const int device = x.get_device_index();
   const int sm = device_sm(device);
@@ -86,10 +87,24 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
                " needs K % ", row->vec16, " == 0, row strides % ", row->vec16,
                " == 0 and aligned data; got K = ", K);
   }
-  if (row == nullptr) {
-    return cublas_mm(x, w, gate_bias, out_dtype);
+  if (row == nullptr && !(batch_invariant() && M > 1)) {
+    const Tensor logits = cublas_mm(x, w, gate_bias, out_dtype);
+    if (into == nullptr) {
+      return logits;
+    }
+    copy_into(*into, logits);
+    return *into;
   }
-  Tensor out = empty_on(x, {M, N}, out_dtype);
+  Tensor out = into != nullptr ? *into : empty_on(x, {M, N}, out_dtype);
+  if (row == nullptr) {
+    // Batch-invariant and no kernel: cuBLAS one token at a time (its algorithm depends on M).
+    Tensor rows = x;
+    for (int64_t m = 0; m < M; ++m) {
+      copy_into(torch::stable::narrow(out, 0, m, 1),
+                cublas_mm(torch::stable::narrow(rows, 0, m, 1), w, gate_bias, out_dtype));
+    }
+    return out;
+  }
   const GemmKernel& kernel =
       gemm_kernel(*row, vec16 ? row->vec16 : 1, x.scalar_type(), out_dtype, sm);
   // Without a gate bias the kernel runs with has_gate_bias = 0 and never reads the stand-in.
@@ -100,7 +115,19 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
   args.gate_bias = row_arg(bias, N);
   args.out = matrix_arg(out);
   args.has_gate_bias = gate_bias.has_value();
-  launch_kernel(kGemmKernels, kernel, args, device, current_stream(device));
+  const cudaStream_t stream = current_stream(device);
+  if (M <= row->max_m) {
+    launch_kernel(kGemmKernels, kernel, args, device, stream);
+    return out;
+  }
+  // More tokens than one grid holds (a batch-invariant row takes any M): one launch a slice.
+  for (int64_t first = 0; first < M; first += row->max_m) {
+    const int64_t count = std::min<int64_t>(row->max_m, M - first);
+    Tensor xs = x;
+    args.x = matrix_arg(torch::stable::narrow(xs, 0, first, count));
+    args.out = matrix_arg(torch::stable::narrow(out, 0, first, count));
+    launch_kernel(kGemmKernels, kernel, args, device, stream);
+  }
   return out;
 }
 
@@ -130,8 +157,8 @@ Tensor router_gemm_with_variant_cuda(const Tensor& x, const Tensor& w, const std
 }  // namespace
 
 Tensor gemm_on_gpu(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
-                   ScalarType out_dtype) {
-  return launch(nullptr, x, w, gate_bias, out_dtype);
+                   ScalarType out_dtype, const Tensor* into) {
+  return launch(nullptr, x, w, gate_bias, out_dtype, into);
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {

@@ -26,7 +26,8 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
                                                 const Tensor& x_in, const Tensor& w_in,
                                                 const OptionalTensor& bias_in,
                                                 const OptionalTensor& gate_bias,
-                                                const RoutingParams& routing) {
+                                                const RoutingParams& routing,
+                                                const RouterDestination* into) {
   check_router_inputs(op, x_in, w_in, bias_in, gate_bias, routing);
   const DeviceGuard guard(x_in.get_device_index());
   const Tensor x = unit_inner_stride(x_in);
@@ -47,17 +48,24 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   if (row == nullptr) {
     // Two launches: the GEMM op's kernel, then the routing kernel (the ATen reference where
     // none fits), which waits on it through PDL.
-    const Tensor logits = gemm_on_gpu(x, w, gate_bias, kFloat);
-    auto [weights, ids] = moe_routing_on_gpu(logits, bias_in, routing);
-    return {weights, ids, logits};
+    if (into == nullptr) {
+      const Tensor logits = gemm_on_gpu(x, w, gate_bias, kFloat);
+      auto [weights, ids] = moe_routing_on_gpu(logits, bias_in, routing);
+      return {weights, ids, logits};
+    }
+    gemm_on_gpu(x, w, gate_bias, kFloat, &into->logits);
+    moe_routing_on_gpu_into(into->logits, bias_in, routing, into->routing);
+    return {into->routing.weights, into->routing.ids, into->logits};
   }
-  Tensor logits = empty_on(x, {M, N}, kFloat);
-  Tensor weights = empty_on(x, {M, routing.top_k}, kFloat);
-  Tensor ids = empty_on(x, {M, routing.top_k}, kInt);
+  const RouterDestination out =
+      into != nullptr ? *into
+                      : RouterDestination{empty_on(x, {M, N}, kFloat),
+                                          {empty_on(x, {M, routing.width()}, kFloat),
+                                           empty_on(x, {M, routing.width()}, kInt), std::nullopt}};
   // The biases as [1, N] rows with unit stride; a missing one is a stand-in the kernel never
   // reads (has_bias or has_gate_bias = 0): the logits for the fp32 kernels' bias, the weights
   // for the gate bias (w's dtype).
-  const Tensor bias = bias_in.has_value() ? unit_stride_vector(*bias_in) : logits;
+  const Tensor bias = bias_in.has_value() ? unit_stride_vector(*bias_in) : out.logits;
   const Tensor gate = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
   const RouterKernel& kernel = router_kernel(*row, bias.scalar_type(), sm);
   const cudaStream_t stream = current_stream(device);
@@ -66,17 +74,16 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   args.w = matrix_arg(w);
   args.gate_bias = row_arg(gate, N);
   args.bias = row_arg(bias, N);
-  args.logits = matrix_arg(logits);
-  args.weights = matrix_arg(weights);
-  args.ids = matrix_arg(ids);
+  args.logits = matrix_arg(out.logits);
   args.handoff = {router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}};
-  const HashArgs hash = hash_args(routing.input_ids, routing.hash_table, ids);
+  const HashArgs hash = hash_args(routing.input_ids, routing.hash_table, out.routing.weights);
   args.input_ids = hash.input_ids;
   args.hash_table = hash.hash_table;
   args.routing = routing.kernel_scalars(bias_in.has_value());
+  put_routing_outputs(args, out.routing, N, routing);
   args.has_gate_bias = gate_bias.has_value();
   launch_kernel(kRouterKernels, kernel, args, device, stream);
-  return {weights, ids, logits};
+  return {out.routing.weights, out.routing.ids, out.logits};
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) { RouterOps<route_on_gpu>::impl(m); }

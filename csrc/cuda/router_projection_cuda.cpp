@@ -31,8 +31,8 @@ RouterProjectionOutputs router_projection_cuda(const Tensor& x_in, const Tensor&
   const int device = x.get_device_index();
   const int sm = device_sm(device);
   const ProjectionKernel* kernel =
-      M == 0 || w.scalar_type() != kBFloat16 || !kernels_support(sm, std::max(N, L), K) ||
-              !vec16_ok(x, w) || !vec16_ok(x, p)
+      M == 0 || batch_invariant() || w.scalar_type() != kBFloat16 ||
+              !kernels_support(sm, std::max(N, L), K) || !vec16_ok(x, w) || !vec16_ok(x, p)
           ? nullptr
           : projection_kernel(M, K, sm);
   if (kernel == nullptr) {

@@ -83,6 +83,9 @@ def tables_header() -> str:
         _table("VariantRow", "A GEMM kernel (variants.ALL_VARIANTS).", "kVariantRows", _GEMM_ROW, v.ALL_VARIANTS),
         _table("ChoiceRow", "The GEMM dispatch (variants.CHOICES): the first row that holds M, N, K and the "
                "weights' dtype.", "kChoiceRows", _CHOICE_ROW, v.CHOICES),
+        "// The GEMM dispatch in batch-invariant mode (variants.BATCH_INVARIANT_CHOICES).",
+        _array("ChoiceRow", "kBatchInvariantChoiceRows",
+               [tuple(value(c) for *_, value in _CHOICE_ROW) for c in v.BATCH_INVARIANT_CHOICES]),
         _table("RouterRow", "A fused router kernel (variants.ROUTER_VARIANTS): a GEMM kernel plus routing.",
                "kRouterRows", _ROUTER_ROW, v.ROUTER_VARIANTS),
         *(f"inline constexpr int {name} = {value};" for name, value in constants.items()),

@@ -158,8 +158,9 @@ def router_object(row):
 
 
 def _routing_outputs(m, n, bias_dtype):
-    """bias [1, N], weights and ids [M, top_k]; a hash-routed call's input_ids [1, M x words]
-    and hash_table [V, top_k x words] as int32 words."""
+    """bias [1, N], weights and ids [M, top_k] (ids as int32 words); a hash-routed call's
+    input_ids [1, M x words] and hash_table [V, top_k x words] as int32 words; the expert counts
+    [1, N + shared experts]."""
     import cutlass
     import cutlass.cute as cute
 
@@ -167,7 +168,8 @@ def _routing_outputs(m, n, bias_dtype):
     return {"bias": _row_major(bias_dtype, (one, n)),
             "weights": _row_major(cutlass.Float32, (m, top_k)), "ids": _row_major(cutlass.Int32, (m, top_k)),
             "input_ids": _row_major(cutlass.Int32, (one, cute.sym_int32(symbol="IDS"))),
-            "hash_table": _row_major(cutlass.Int32, (cute.sym_int32(symbol="V"), cute.sym_int32(symbol="C")))}
+            "hash_table": _row_major(cutlass.Int32, (cute.sym_int32(symbol="V"), cute.sym_int32(symbol="C"))),
+            "counts": _row_major(cutlass.Int32, (one, cute.sym_int32(symbol="NS")))}
 
 
 def _compile_router(k):
@@ -284,7 +286,7 @@ FAMILIES = (
             ("c10::ScalarType", "x_dtype", lambda k: SCALAR_TYPES[k.x_dtype]),
             ("c10::ScalarType", "out_dtype", lambda k: SCALAR_TYPES[k.out_dtype])),
            _gemm_kernels, _compile_gemm),
-    Family("Router", _params("x w gate_bias bias logits weights ids handoff input_ids hash_table:tensor "
+    Family("Router", _params("x w gate_bias bias logits weights ids handoff input_ids hash_table counts:tensor "
                              "routing:routing has_gate_bias:int32"),
            (("int", "router", lambda k: _index(v.ROUTER_VARIANTS, k.row)),
             ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.bias_dtype])),
@@ -293,7 +295,7 @@ FAMILIES = (
            (("int", "m_lo", lambda k: str(k.row.m_lo)), ("int", "m_hi", lambda k: str(k.row.m_hi)),
             ("int", "ctas_per_sm", lambda k: str(k.row.ctas_per_sm)), ("int64_t", "max_k", lambda k: str(k.row.max_k))),
            _projection_kernels, _compile_projection),
-    Family("Routing", _params("logits bias weights ids input_ids hash_table:tensor routing:routing"),
+    Family("Routing", _params("logits bias weights ids input_ids hash_table counts:tensor routing:routing"),
            (("int", "n_min", lambda k: str(k.row.n_min)), ("int", "n_max", lambda k: str(k.row.n_max)),
             ("c10::ScalarType", "logits_dtype", lambda k: SCALAR_TYPES[k.row.logits_dtype]),
             ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.row.bias_dtype])),

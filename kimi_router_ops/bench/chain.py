@@ -11,7 +11,8 @@ weight copy (cold weights and biases):
 Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_res` with 2 and
 8 blocks (3 and 9 sources, a delta, the output norm: Kimi-K3's pre-MoE call). Consumers:
 `ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists),
-`ll_bf16_router`, and `ll_bf16_gemm` then `moe_routing`; for DeepSeek-V4's shapes also the
+`ll_bf16_router`, `ll_bf16_gemm` then `moe_routing`, `router_out` into an engine's buffers
+(int64 ids, expert counts) and `router` in batch-invariant mode; for DeepSeek-V4's shapes also the
 router without a bias, the router of a hash-routed layer (ids from a token table) and vLLM
 0.33's pipeline where its peers are built (kimi_router_ops/bench/peers.py): its gate GEMM
 (`ll_bf16` where it has the shape, else cuBLAS with fp32 out, as its GateLinear falls back)
@@ -72,8 +73,14 @@ def consumers(m, config, peers):
     out["ll_bf16_router"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, b, **routing)
     out["gemm + moe_routing"] = lambda h, w, b: kimi_router_ops.moe_routing(
         kimi_router_ops.ll_bf16_gemm(h, w), b, **routing)
+    # An engine's call: its own buffers (int64 ids), the expert counts of its dispatch.
+    n = config[1]
+    buffers = dict(topk_weights=torch.empty(m, top_k, device="cuda"),
+                   topk_ids=torch.empty(m, top_k, dtype=torch.int64, device="cuda"),
+                   logits=torch.empty(m, n, device="cuda"), expert_counts=torch.zeros(n, dtype=torch.int32, device="cuda"))
+    out["router_out, int64 ids + counts"] = lambda h, w, b: kimi_router_ops.router_out(h, w, b, **routing, **buffers)
+    out["router, batch-invariant"] = lambda h, w, b: batch_invariant(kimi_router_ops.router, h, w, b, **routing)
     if scoring == "sqrtsoftplus":  # DeepSeek-V4: its plain layers without a bias, its hash layers
-        n = config[1]
         table = torch.rand(VOCAB, n, device="cuda").argsort(1)[:, :top_k].int()  # distinct experts a token
         input_ids = torch.randint(0, VOCAB, (m,), device="cuda")
         out["ll_bf16_router, no bias"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, None, **routing)
@@ -88,7 +95,16 @@ def consumers(m, config, peers):
     return out
 
 
-def run(shapes, m_list, replays):
+def batch_invariant(op, *args, **kwargs):
+    """op(...) in batch-invariant mode (captured so: a graph keeps the kernels it captured)."""
+    previous = kimi_router_ops.set_batch_invariant(True)
+    try:
+        return op(*args, **kwargs)
+    finally:
+        kimi_router_ops.set_batch_invariant(previous)
+
+
+def run(shapes, m_list, replays, producer_names=None):
     layer_us, after_layer_us = after_layer_timer(replays)
     v4 = any(CONFIGS[s][-1] == "sqrtsoftplus" for s in shapes)
     peers = {"gate": vllm_gate() if v4 else None, "dsv4_topk": vllm_dsv4_topk() if v4 else None}
@@ -100,6 +116,8 @@ def run(shapes, m_list, replays):
         biases = [torch.randn(n, device="cuda") * 0.1 for _ in weights]
         for m in m_list:
             for producer_name, produce in producers(m, k).items():
+                if producer_names and producer_name not in producer_names:
+                    continue
                 hidden = produce() if produce else torch.randn(m, k, device="cuda").to(torch.bfloat16)
                 for consumer_name, consume in consumers(m, CONFIGS[shape], peers).items():
                     calls = [lambda w=w, b=b, c=consume, p=produce: c(p() if p else hidden, w, b)
@@ -130,8 +148,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
     parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
+    parser.add_argument("--producers", nargs="+", help="only these producers (none, rms_norm, ...)")
     args = parse_bench_args(parser)
-    results, layer_us = run(args.shapes, args.m, args.replays)
+    results, layer_us = run(args.shapes, args.m, args.replays, args.producers)
     report = report_header(layer_us=round(layer_us, 3), results=results)
     save_report(args.out, "chain", report, markdown(report))
 

@@ -53,14 +53,16 @@ class LLBf16Router(WarpRouting):
         gate_bias: cute.Tensor,  # [1, N] w's dtype, added to the logits; read only if has_gate_bias
         bias: cute.Tensor,  # [1, N] float32 or bfloat16; read only if has_bias
         logits: cute.Tensor,  # [M, N] float32, out
-        weights: cute.Tensor,  # [M, top_k] float32, out
-        ids: cute.Tensor,  # [M, top_k] int32, out
+        weights: cute.Tensor,  # [M, top_k + shared_experts] float32, out
+        ids: cute.Tensor,  # [M, (top_k + shared_experts) x id_words] int32 words, out
         handoff: cute.Tensor,  # [M, N] int32, EMPTY before the call and after it
         input_ids: cute.Tensor,  # [1, M x ids_words] int32 words; read only if table_words
         hash_table: cute.Tensor,  # [V, top_k x table_words] int32 words; read only if table_words
+        counts: cute.Tensor,  # [1, N + shared_experts] int32, added to; read only if has_counts
         top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
         has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
         ids_words: Int32, table_words: Int32,
+        shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
         has_gate_bias: Int32,
         stream: cuda.CUstream,
     ):
@@ -80,8 +82,9 @@ class LLBf16Router(WarpRouting):
             shape["smem"] = max(shape["smem"], EXCLUSIVE_SMEM)
             ctas_per_sm = 1
         self.kernel(
-            xv, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table,
+            xv, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table, counts,
             top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, ids_words, table_words,
+            shared_experts, shared_weight, id_words, has_counts,
             has_gate_bias,
         ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
                  min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
@@ -90,10 +93,11 @@ class LLBf16Router(WarpRouting):
     def kernel(
         self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, bias: cute.Tensor,
         logits: cute.Tensor, weights: cute.Tensor, ids: cute.Tensor, handoff: cute.Tensor,
-        input_ids: cute.Tensor, hash_table: cute.Tensor,
+        input_ids: cute.Tensor, hash_table: cute.Tensor, counts: cute.Tensor,
         top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
         has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
         ids_words: Int32, table_words: Int32,
+        shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
         has_gate_bias: Int32,
     ):
         if const_expr(self.bias_prefetch):
@@ -104,8 +108,9 @@ class LLBf16Router(WarpRouting):
             # A warp finishes more than one token: the others' routing warps poll only once
             # it has published them.
             cute.arch.sync_threads()
-        self._route(handoff, bias, weights, ids, input_ids, hash_table, top_k, n_group, topk_group, renormalize,
-                    has_bias, scoring, scaling, ids_words, table_words, self._scratch())
+        self._route(handoff, bias, weights, ids, input_ids, hash_table, counts, top_k, n_group, topk_group,
+                    renormalize, has_bias, scoring, scaling, ids_words, table_words,
+                    shared_experts, shared_weight, id_words, has_counts, self._scratch())
 
     @cute.jit
     def _routing_unit(self):

@@ -25,18 +25,21 @@ class MoeRouting(WarpRouting):
         self,
         logits: cute.Tensor,  # [M, N] float32 or bfloat16
         bias: cute.Tensor,  # [1, N] float32 or bfloat16; read only if has_bias
-        weights: cute.Tensor,  # [M, top_k] float32, out
-        ids: cute.Tensor,  # [M, top_k] int32, out
+        weights: cute.Tensor,  # [M, top_k + shared_experts] float32, out
+        ids: cute.Tensor,  # [M, (top_k + shared_experts) x id_words] int32 words, out
         input_ids: cute.Tensor,  # [1, M x ids_words] int32 words; read only if table_words
         hash_table: cute.Tensor,  # [V, top_k x table_words] int32 words; read only if table_words
+        counts: cute.Tensor,  # [1, N + shared_experts] int32, added to; read only if has_counts
         top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
         has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
         ids_words: Int32, table_words: Int32,
+        shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
         stream: cuda.CUstream,
     ):
         ctas = (logits.shape[0] + self.warps - 1) // self.warps
-        self.kernel(logits, bias, weights, ids, input_ids, hash_table, top_k, n_group, topk_group, renormalize,
-                    has_bias, scoring, scaling, ids_words, table_words).launch(
+        self.kernel(logits, bias, weights, ids, input_ids, hash_table, counts, top_k, n_group, topk_group,
+                    renormalize, has_bias, scoring, scaling, ids_words, table_words,
+                    shared_experts, shared_weight, id_words, has_counts).launch(
             grid=[ctas, 1, 1], block=[self.warps * WARP, 1, 1], smem=self.scratch_bytes(), stream=stream,
             use_pdl=True,
         )
@@ -44,10 +47,11 @@ class MoeRouting(WarpRouting):
     @cute.kernel
     def kernel(
         self, logits: cute.Tensor, bias: cute.Tensor, weights: cute.Tensor, ids: cute.Tensor,
-        input_ids: cute.Tensor, hash_table: cute.Tensor,
+        input_ids: cute.Tensor, hash_table: cute.Tensor, counts: cute.Tensor,
         top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
         has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
         ids_words: Int32, table_words: Int32,
+        shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
     ):
         if has_bias != 0:
             self._prefetch_bias(bias, logits.shape[0])
@@ -55,8 +59,9 @@ class MoeRouting(WarpRouting):
         # when this grid has finished.
         cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()  # the logits come from the kernel before us
-        self._route(logits, bias, weights, ids, input_ids, hash_table, top_k, n_group, topk_group, renormalize,
-                    has_bias, scoring, scaling, ids_words, table_words, self._scratch())
+        self._route(logits, bias, weights, ids, input_ids, hash_table, counts, top_k, n_group, topk_group,
+                    renormalize, has_bias, scoring, scaling, ids_words, table_words,
+                    shared_experts, shared_weight, id_words, has_counts, self._scratch())
 
     @cute.jit
     def _routing_unit(self):

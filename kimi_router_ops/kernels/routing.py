@@ -174,11 +174,14 @@ class WarpRouting:
                 _prefetch_bulk_l2(first, Int32(last - first))
 
     @cute.jit
-    def _route(self, source, bias, weights, ids, input_ids, hash_table, top_k, n_group, topk_group,
-               renormalize, has_bias, scoring, scaling, ids_words, table_words, scratch):
+    def _route(self, source, bias, weights, ids, input_ids, hash_table, counts, top_k, n_group, topk_group,
+               renormalize, has_bias, scoring, scaling, ids_words, table_words,
+               shared_experts, shared_weight, id_words, has_counts, scratch):
         """Route this warp's tokens: m = unit, unit + stride, ... (_routing_unit) of the
         [M, N] `source` that _gather reads the scores from; by their rows of hash_table
-        where table_words != 0 (_hashed)."""
+        where table_words != 0 (_hashed). Lane i < top_k stores the i-th pick; the next
+        `shared_experts` lanes the shared experts' slots (ids N, N + 1, ..., weight
+        `shared_weight`); each stored id counts once in `counts` where has_counts != 0."""
         slots: cutlass.Constexpr = self.slots
         lane = cute.arch.lane_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -238,9 +241,16 @@ class WarpRouting:
             bias_bad = cute.arch.vote_any_sync(  # (== is false for a NaN)
                 Int32(cutlass.select_(unfinite == Float32(0.0), Int32(0), Int32(1))) != 0) & (table_words == 0)
             scale = Float32(cutlass.select_(bias_bad, Float32(float("nan")), scale))
-            if lane < top_k:
-                weights[m, lane] = score * scale
-                ids[m, lane] = my_id
+            if lane < top_k + shared_experts:
+                shared = lane >= top_k
+                expert = Int32(cutlass.select_(shared, n_count + lane - top_k, my_id))
+                weights[m, lane] = Float32(cutlass.select_(shared, shared_weight, score * scale))
+                ids[m, lane * id_words] = expert
+                if id_words == 2:  # int64 ids: the high word (ids are never negative)
+                    ids[m, lane * 2 + 1] = Int32(0)
+                if has_counts != 0:  # an MoE dispatch's histogram: one relaxed atomic add
+                    cute.arch.atomic_add(handoff_buffer.element_ptr(counts, 0, expert), Int32(1),
+                                         sem="relaxed", scope="gpu")
 
     @cute.jit
     def _hash_lookup(self, m, lane, n_count, top_k, input_ids, hash_table, ids_words, table_words):
