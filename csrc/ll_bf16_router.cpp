@@ -77,8 +77,8 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
     why << "routes N <= " << row.n_max << " experts, got N = " << N;
   } else if (r.width() > kRouterMaxTopK) {
     // The picked ids are spread over the lanes of a warp, and so are the group scores.
-    why << "picks top_k <= " << kRouterMaxTopK << " (shared-expert slots included), got "
-        << r.width();
+    why << "picks top_k <= " << kRouterMaxTopK
+        << (r.shared_experts > 0 ? " (with the shared-expert slots)" : "") << ", got " << r.width();
   } else if (r.topk_group < r.n_group && r.n_group > kRouterMaxGroups) {
     why << "drops groups only among n_group <= " << kRouterMaxGroups << ", got " << r.n_group;
   } else if (!p.vec16_ok) {
