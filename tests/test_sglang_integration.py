@@ -44,7 +44,7 @@ def hooks_applied():
 def op_calls(monkeypatch):
     """The calls that reach our ops from the plugin (so a silent fallback cannot pass)."""
     calls = []
-    for name in ("router_gemm", "moe_routing", "attn_res"):
+    for name in ("router_gemm", "moe_routing", "moe_routing_out", "attn_res"):
         original = getattr(kimi_sglang.ops, name)
 
         def counting(*args, _name=name, _original=original, **kwargs):
@@ -179,6 +179,31 @@ def test_select_experts_routes_on_moe_routing(config, m, op_calls):
                 assert abs(mine[i] - w) <= 1e-5 * max(1.0, abs(w)), (config, t, i)
 
 
+@pytest.mark.parametrize("on_output", [False, True])
+@pytest.mark.parametrize("m", [1, 7, 64])
+def test_one_fused_shared_expert_is_ours(on_output, m, op_calls):
+    """DeepSeek-V3 with its shared expert fused (top_k 8 + 1): the routed slots as SGLang's
+    own function gives them, the last one expert 256 with SGLang's weight."""
+    n, top_k, scale = 256, 9, 2.5
+    g = torch.Generator().manual_seed(m)
+    logits, bias = torch.randn(m, n, generator=g) * 2, torch.randn(n, generator=g) * 0.1
+    args = (torch.empty(m, 32), logits, bias, top_k, True, 8, 4, 1, scale, on_output)
+    ours = kimi_sglang.biased_grouped_topk(None, *args)
+    theirs = sglang_own(sgl_topk.biased_grouped_topk)(*args)
+    assert op_calls == ["moe_routing_out"]
+    assert ours[0].shape == ours[1].shape == (m, top_k) and ours[1].dtype == torch.int32
+    assert (ours[1][:, -1] == n).all() and torch.equal(ours[1][:, -1], theirs[1][:, -1].to(torch.int32))
+    torch.testing.assert_close(ours[0][:, -1], theirs[0][:, -1].float(), rtol=1e-5, atol=0)
+    _, _, masked, _ = reference_routing(logits, bias, top_k - 1, 8, 4, True, 1.0, "sigmoid")
+    for t in range(m):
+        mine = dict(zip(ours[1][t, :-1].tolist(), ours[0][t, :-1].tolist()))
+        if set(mine) != set(theirs[1][t, :-1].tolist()):
+            assert near_tie(masked[t], top_k - 1), t
+            continue
+        for i, w in zip(theirs[1][t, :-1].tolist(), theirs[0][t, :-1].tolist()):
+            assert abs(mine[i] - w) <= 1e-5 * max(1.0, abs(w)), (t, i)
+
+
 def test_routing_outside_our_semantics_is_sglangs():
     """Fused shared-expert slots, a per-token bias, sigmoid groups scored without a bias,
     softmax with a bias, a packed output: SGLang's own function runs."""
@@ -189,7 +214,7 @@ def test_routing_outside_our_semantics_is_sglangs():
         return "sglang"
 
     logits, bias = torch.randn(2, 64), torch.randn(64)
-    assert kimi_sglang.biased_grouped_topk(original, None, logits, bias, 6, True, 8, 4, 1) == "sglang"
+    assert kimi_sglang.biased_grouped_topk(original, None, logits, bias, 6, True, 8, 4, 2) == "sglang"
     assert kimi_sglang.biased_grouped_topk(original, None, logits, bias.expand(2, 64), 6, True, 8, 4) == "sglang"
     assert kimi_sglang.grouped_topk(original, None, logits, 6, True, 8, 4, scoring_func="sigmoid") == "sglang"
     assert kimi_sglang.fused_topk(original, None, logits, 6, True, bias, "softmax") == "sglang"

@@ -16,7 +16,8 @@ SGLang's code does, SGLang's own function otherwise.
   Kimi-K2), `grouped_topk` (no bias: DeepSeek-V2's softmax; sigmoid with every group kept)
   and `fused_topk` / `biased_topk_jit_kernel_impl` (no groups: softmax without a bias,
   Qwen3-MoE; sigmoid with or without one, on the CPU and on CUDA) become `moe_routing`,
-  where the semantics match: no fused shared-expert slots, no per-token bias, no packed
+  where the semantics match (`biased_grouped_topk` with one fused shared expert:
+  `moe_routing_out`, its slot expert N): no other fused shared-expert slots, no per-token bias, no packed
   output, no padded-row mask or expert remapping inside the function, top_k within the kept
   groups. SGLang's routed_scaling_factor is applied where SGLang applies it in the function
   (`apply_routed_scaling_factor_on_output`). Expert remapping, padding masks, shared-slot
@@ -126,11 +127,23 @@ def biased_grouped_topk(original, hidden_states, gating_output, correction_bias,
                         num_expert_group=None, topk_group=None, num_fused_shared_experts=0,
                         routed_scaling_factor=None, apply_routed_scaling_factor_on_output=False):
     """SGLang's biased_grouped_topk (sigmoid, the bias for the choice, groups scored by their
-    two best) on moe_routing."""
+    two best) on moe_routing; with one fused shared expert (DeepSeek-V3's shared-expert
+    fusion) on moe_routing_out, whose last slot is expert N of weight 1, or 1 /
+    routed_scaling_factor where SGLang scales the routed output later: what every SGLang
+    router writes there. (More shared slots: SGLang's routers differ among themselves.)"""
     n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
-    if num_fused_shared_experts == 0 and routes(gating_output, correction_bias, "sigmoid", topk, n_group, kept):
-        return ops.moe_routing(gating_output, correction_bias, topk, n_group, kept, renormalize,
-                               _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output), "sigmoid")
+    shared = num_fused_shared_experts
+    scale = _scale(routed_scaling_factor, apply_routed_scaling_factor_on_output)
+    if shared == 0 and routes(gating_output, correction_bias, "sigmoid", topk, n_group, kept):
+        return ops.moe_routing(gating_output, correction_bias, topk, n_group, kept, renormalize, scale, "sigmoid")
+    if shared == 1 and topk > 1 and routes(gating_output, correction_bias, "sigmoid", topk - 1, n_group, kept):
+        unscaled = apply_routed_scaling_factor_on_output or not routed_scaling_factor
+        m = gating_output.shape[0]
+        return ops.moe_routing_out(
+            gating_output, correction_bias, topk - 1, n_group, kept, renormalize, scale, "sigmoid",
+            topk_weights=gating_output.new_empty((m, topk), dtype=torch.float32),
+            topk_ids=gating_output.new_empty((m, topk), dtype=torch.int32), num_fused_shared_experts=1,
+            shared_expert_weight=1.0 if unscaled else 1.0 / routed_scaling_factor)
     return original(hidden_states, gating_output, correction_bias, topk, renormalize, num_expert_group, topk_group,
                     num_fused_shared_experts, routed_scaling_factor, apply_routed_scaling_factor_on_output)
 
