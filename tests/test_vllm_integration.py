@@ -49,7 +49,7 @@ def vllm_process():
 def op_calls(monkeypatch):
     """The calls that reach our ops from the plugin (so a silent fallback cannot pass)."""
     calls = []
-    for name in ("router_gemm", "moe_routing", "attn_res"):
+    for name in ("router_gemm", "moe_routing", "moe_routing_out", "attn_res"):
         original = getattr(kimi_vllm.ops, name)
 
         def counting(*args, _name=name, _original=original, **kwargs):
@@ -191,6 +191,21 @@ def test_fused_topk_bias_is_the_biased_sigmoid_routing(n, top_k, scale, op_calls
     assert op_calls == ["moe_routing"]
     check_routing(weights, ids, logits, bias, top_k, 1,
                   reference_routing(logits, bias, top_k, 1, 1, True, scale))
+
+
+def test_fused_topk_bias_with_int64_ids(op_calls):
+    """indices_type=torch.int64 (DeepSeek-V4's MegaMoE): the same routing, its ids written as
+    int64 by moe_routing_out."""
+    g = torch.Generator().manual_seed(0)
+    logits, bias = torch.randn(17, 384, generator=g) * 2, torch.randn(384, generator=g) * 0.1
+    for scoring in ("sigmoid", "sqrtsoftplus"):
+        weights, ids = fused_topk_bias_router.fused_topk_bias(logits, logits, scoring, bias, 6, True,
+                                                              indices_type=torch.int64, routed_scaling_factor=2.5)
+        ref_weights, ref_ids = fused_topk_bias_router.fused_topk_bias(logits, logits, scoring, bias, 6, True,
+                                                                      routed_scaling_factor=2.5)
+        assert ids.dtype == torch.int64 and weights.dtype == torch.float32
+        assert torch.equal(ids, ref_ids.long()) and torch.equal(weights, ref_weights)
+    assert op_calls == ["moe_routing_out", "moe_routing"] * 2
 
 
 def test_fused_topk_bias_with_token_hashes_keeps_vllms(monkeypatch, op_calls):

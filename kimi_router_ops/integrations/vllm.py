@@ -214,19 +214,24 @@ def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correcti
                     bias_vl=None, image_sentinel_lo=0):
     """vLLM's fused_topk_bias (its signature) on moe_routing, for sigmoid routers and
     DeepSeek-V4's sqrtsoftplus ones, its hash-routed layers included (ids from
-    hash_indices_table[input_tokens]), with no image routing, int32 ids and no padding rows
-    to mask (vLLM's kernel masks them when VLLM_MOE_SKIP_PADDING is on)."""
+    hash_indices_table[input_tokens]), with no image routing and no padding rows to mask
+    (vLLM's kernel masks them when VLLM_MOE_SKIP_PADDING is on); int64 ids (indices_type,
+    DeepSeek-V4's MegaMoE) written by moe_routing_out, no conversion after."""
     # Without a table (or image routing) vLLM's result does not depend on input_tokens; its
     # sigmoid kernel ignores a table, its sqrtsoftplus one routes by it.
     hashed = hash_indices_table is not None
     served = not hashed or (input_tokens is not None and scoring_func == "sqrtsoftplus")
     if served and bias_vl is None \
-            and indices_type in (None, torch.int32) and _padding_mask(gating_output.shape[0]) is None \
+            and indices_type in (None, torch.int32, torch.int64) and _padding_mask(gating_output.shape[0]) is None \
             and routes(gating_output, e_score_correction_bias, scoring_func, topk, 1, 1,
                        scorings=V4_SCORINGS):
-        return ops.moe_routing(gating_output, e_score_correction_bias, topk, 1, 1, renormalize,
-                               routed_scaling_factor, scoring_func, input_tokens if hashed else None,
-                               hash_indices_table)
+        args = (gating_output, e_score_correction_bias, topk, 1, 1, renormalize, routed_scaling_factor,
+                scoring_func, input_tokens if hashed else None, hash_indices_table)
+        if indices_type == torch.int64:
+            m = gating_output.shape[0]
+            return ops.moe_routing_out(*args, topk_weights=gating_output.new_empty((m, topk), dtype=torch.float32),
+                                       topk_ids=gating_output.new_empty((m, topk), dtype=torch.int64))
+        return ops.moe_routing(*args)
     return _originals["fused_topk_bias"](
         hidden_states, gating_output, scoring_func, e_score_correction_bias, topk, renormalize,
         indices_type=indices_type, input_tokens=input_tokens, hash_indices_table=hash_indices_table,
