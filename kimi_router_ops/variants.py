@@ -307,7 +307,11 @@ ROUTER_GEMMS = (
     RouterGemm("mma8_t1c4w8u7", 2, 8, (N384,), False, "at_entry", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, (N128, N256), False, "after_x", False),
     RouterGemm("mma16_t1c4w8u7", 9, 16, (N384,), False, "before_wait", True, at_publisher=True),
-    RouterGemm("mma16_t2c4w8u7", 9, 16, (N896, N1024), False, "before_wait", False, at_publisher=True),
+    # Kimi-K3's 385..896 experts at M = 9..16 take the two launches: after the layer they
+    # were 0.2-1.8 us faster behind every producer (H200 at e36c09f: AttnRes 16.50 -> 14.74,
+    # rms_norm 12.46 -> 12.13 at M = 16; H100 at 6943400 likewise), the front winning over
+    # the fused row's back-to-back lead (docs/benchmarks.md).
+    RouterGemm("mma16_t2c4w8u7", 9, 16, (N1024,), False, "before_wait", False, at_publisher=True),
     # fp32 weights, bf16 tokens: the fp32 GEMM's kernels for K <= 4096 (MiniMax-M2). Alone on
     # an SM where the grid (2 experts a CTA, one token tile) fits in one wave.
     RouterGemm("f32w_m1_r2_u4_t256", 1, 1, (N128, N256), True, "before_wait", True),

@@ -135,10 +135,10 @@ def test_property_cuda(problem, renormalize, factor):
 @requires_kernel_gpu
 @pytest.mark.parametrize("config", list(MODEL_CONFIGS))
 def test_given_the_fused_routers_logits_routes_as_it_does_bit_for_bit(config):
-    from test_router import make_case
+    from test_router import make_case, two_launches
 
     n, top_k, n_group, topk_group, scale = MODEL_CONFIGS[config]
-    for m in range(1, 17):
+    for m in (m for m in range(1, 17) if not two_launches(m, n)):
         for bias_kind in (None, "fp32", "bf16"):
             x, w, bias = make_case(m, n, 7168, top_k, n_group, topk_group, bias_kind, "cuda", seed=m)
             for renormalize in (True, False):

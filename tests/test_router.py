@@ -72,6 +72,12 @@ def fused_rows_gemm(x, w, top_k, n_group=1, topk_group=1):
     return kimi_router_ops.router_gemm_with_variant(x, w, gemm)
 
 
+def two_launches(m, n):
+    """Where the router op runs the GEMM op and then moe_routing, with no fused row: Kimi-K3's
+    385..896 experts at M = 9..16, faster so behind every producer (variants.ROUTER_GEMMS)."""
+    return 9 <= m <= 16 and 384 < n <= 896
+
+
 def faster_other_kernel(m, n):
     """The GEMM kernel a fused row runs where it is not the GEMM op's arithmetic (the whole
     router measured faster on it), or None."""
@@ -104,6 +110,9 @@ def test_fused_rows_run_the_gemm_ops_kernel():
     for n in (8, 128, 129, 256, 384, 385, 896, 1024):
         for m in range(1, 17):
             row = kimi_router_ops.chosen_router_variant(m, n, 7168, 8)
+            if two_launches(m, n):
+                assert row == "gemm+moe_routing", (m, n, row)
+                continue
             gemm = next(r.gemm for r in variants.ROUTER_VARIANTS if r.name == row)
             if faster_other_kernel(m, n):
                 assert gemm == faster_other_kernel(m, n), (m, n, gemm)
@@ -140,11 +149,12 @@ def test_one_tile_tensor_core_kernels_sum_as_the_two_tile_ones(tokens):
 
 
 @pytest.mark.parametrize("config", list(MODEL_CONFIGS))
-def test_model_configs_are_fused_up_to_16_tokens(config):
+def test_model_configs_are_fused_up_to_16_tokens_but_k3s_two_launches(config):
     n, top_k, n_group, topk_group, _ = MODEL_CONFIGS[config]
     for m in range(1, 17):
         for sm in (90, 100):
-            assert kimi_router_ops.chosen_router_variant(m, n, 7168, top_k, n_group, topk_group, sm).startswith("router_")
+            row = kimi_router_ops.chosen_router_variant(m, n, 7168, top_k, n_group, topk_group, sm)
+            assert row == "gemm+moe_routing" if two_launches(m, n) else row.startswith("router_"), (m, sm, row)
 
 
 def test_router_with_all_groups_kept_has_no_group_limit():
