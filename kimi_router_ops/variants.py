@@ -162,6 +162,13 @@ LAB_VARIANTS = (
     _dotprod("m1_r4_t256", 1, rows=4, unroll=4, threads=256, prefetch=False),  # no weights before the wait
     _dotprod("m1_r4_t256_nopdl", 1, rows=4, unroll=4, threads=256, prefetch=False, pdl=False),  # no PDL
     _dotprod("m1_prefetch_r4_t256_before_wait", 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
+    # Cold-start candidates (after a non-PDL kernel): more, smaller CTAs, as vLLM's one CTA an
+    # expert (the r4 grid leaves SMs with one CTA beside SMs with two).
+    _dotprod("m1_prefetch_r1_t128", 1, rows=1, unroll=7),
+    _dotprod("m1_prefetch_r2_t128", 1, rows=2, unroll=7),
+    _dotprod("m1_prefetch_r1_t256", 1, rows=1, unroll=4, threads=256),
+    _dotprod("m1_prefetch_r2_t256", 1, rows=2, unroll=4, threads=256),
+    _dotprod("m1_r1_t128", 1, rows=1, unroll=7, prefetch=False),
     _mma("mma8_t2c4w8u7_noprefetch", 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
     _mma("mma8_t2c4w8u7_before_wait", 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
 )

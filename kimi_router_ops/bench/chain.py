@@ -10,7 +10,9 @@ weight copy (cold weights and biases):
 - back to back: pair after pair, each launch overlapping the one before it.
 Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_res` with 2 and
 8 blocks (3 and 9 sources, a delta, the output norm: Kimi-K3's pre-MoE call). Consumers:
-`ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists),
+`ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists), GEMM
+kernels named with --gemms, vLLM 0.33's `ll_bf16` where its peer is built (as shipped, and
+at M = 1 its default kernel without the prefetch),
 `ll_bf16_router`, `ll_bf16_gemm` then `moe_routing`, `router_out` into an engine's buffers
 (int64 ids, expert counts) and `router` in batch-invariant mode; for DeepSeek-V4's shapes also the
 router without a bias, the router of a hash-routed layer (ids from a token table) and vLLM
@@ -24,8 +26,9 @@ import argparse
 import torch
 
 import kimi_router_ops
+from kimi_router_ops import variants
 from .gemm import parse_bench_args, report_header, save_report, two_way_markdown
-from .peers import vllm_dsv4_topk, vllm_gate
+from .peers import vllm_dsv4_topk, vllm_gate, vllm_serves
 from .router import CONFIGS
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies
 
@@ -61,20 +64,27 @@ def producers(m, k):
     return out
 
 
-def consumers(m, config, peers):
+def consumers(m, config, peers, gemms=()):
     """name -> fn(hidden, weight, bias) for the router configuration; `peers` holds vLLM's
     gate GEMM and DeepSeek-V4 routing (None where not built)."""
     _, _, top_k, n_group, topk_group, scale, scoring = config
     routing = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, routed_scaling_factor=scale,
                    scoring=scoring)
+    k, n = config[:2]
     out = {"ll_bf16_gemm": lambda h, w, b: kimi_router_ops.ll_bf16_gemm(h, w)}
     if m in NO_PREFETCH:
         out["gemm, no prefetch"] = lambda h, w, b: kimi_router_ops.router_gemm_with_variant(h, w, NO_PREFETCH[m])
+    for name in gemms:  # named kernels (lab rows), where one CTA computes M tokens
+        if m <= variants.variant(name).max_m:
+            out[f"forced {name}"] = lambda h, w, b, name=name: kimi_router_ops.router_gemm_with_variant(h, w, name)
+    if peers["gate"] is not None and vllm_serves(m, n, k):
+        out["vLLM ll_bf16"] = lambda h, w, b: peers["gate"](h, w)
+        if m == 1:  # its default kernel, without the weight prefetch
+            out["vLLM ll_bf16, no prefetch"] = lambda h, w, b: torch.ops.vllm_ll.gemm(h, w, 0)
     out["ll_bf16_router"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, b, **routing)
     out["gemm + moe_routing"] = lambda h, w, b: kimi_router_ops.moe_routing(
         kimi_router_ops.ll_bf16_gemm(h, w), b, **routing)
     # An engine's call: its own buffers (int64 ids), the expert counts of its dispatch.
-    n = config[1]
     buffers = dict(topk_weights=torch.empty(m, top_k, device="cuda"),
                    topk_ids=torch.empty(m, top_k, dtype=torch.int64, device="cuda"),
                    logits=torch.empty(m, n, device="cuda"), expert_counts=torch.zeros(n, dtype=torch.int32, device="cuda"))
@@ -86,7 +96,7 @@ def consumers(m, config, peers):
         out["ll_bf16_router, no bias"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, None, **routing)
         out["router, hash-routed"] = lambda h, w, b: kimi_router_ops.router(
             h, w, b, **routing, input_ids=input_ids, hash_table=table)
-        k, topk = config[0], peers["dsv4_topk"]
+        topk = peers["dsv4_topk"]
         if topk is not None and top_k == 6 and n in (256, 384):  # what vLLM's dsv4_topk serves
             gate, name = peers["gate"], "vLLM: ll_bf16 + dsv4_topk"
             if gate is None or k != 7168:  # vLLM's ll_bf16 has K = 7168 only
@@ -104,10 +114,10 @@ def batch_invariant(op, *args, **kwargs):
         kimi_router_ops.set_batch_invariant(previous)
 
 
-def run(shapes, m_list, replays, producer_names=None):
+def run(shapes, m_list, replays, producer_names=None, gemms=()):
     layer_us, after_layer_us = after_layer_timer(replays)
     v4 = any(CONFIGS[s][-1] == "sqrtsoftplus" for s in shapes)
-    peers = {"gate": vllm_gate() if v4 else None, "dsv4_topk": vllm_dsv4_topk() if v4 else None}
+    peers = {"gate": vllm_gate(), "dsv4_topk": vllm_dsv4_topk() if v4 else None}
 
     results = []
     for shape in shapes:
@@ -119,7 +129,7 @@ def run(shapes, m_list, replays, producer_names=None):
                 if producer_names and producer_name not in producer_names:
                     continue
                 hidden = produce() if produce else torch.randn(m, k, device="cuda").to(torch.bfloat16)
-                for consumer_name, consume in consumers(m, CONFIGS[shape], peers).items():
+                for consumer_name, consume in consumers(m, CONFIGS[shape], peers, gemms).items():
                     calls = [lambda w=w, b=b, c=consume, p=produce: c(p() if p else hidden, w, b)
                              for w, b in zip(weights, biases)]
                     results.append({
@@ -149,8 +159,10 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
     parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
     parser.add_argument("--producers", nargs="+", help="only these producers (none, rms_norm, ...)")
+    parser.add_argument("--gemms", nargs="+", default=[], metavar="NAME", choices=[v.name for v in variants.ALL_VARIANTS],
+                        help="also these GEMM kernels by name (variants.py), each where it computes M")
     args = parse_bench_args(parser)
-    results, layer_us = run(args.shapes, args.m, args.replays, args.producers)
+    results, layer_us = run(args.shapes, args.m, args.replays, args.producers, args.gemms)
     report = report_header(layer_us=round(layer_us, 3), results=results)
     save_report(args.out, "chain", report, markdown(report))
 

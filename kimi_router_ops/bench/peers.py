@@ -21,6 +21,15 @@ def _skipped(what, why):
     return None
 
 
+# What the vLLM peer is built for: K = 7168, these N and M (../shared/peers/vllm_ll).
+VLLM_GATE_N = (896, 384, 256)
+VLLM_GATE_M = (1, 2, 3, 4, 8, 16)
+
+
+def vllm_serves(m, n, k):
+    return k == 7168 and n in VLLM_GATE_N and m in VLLM_GATE_M
+
+
 def vllm_gate():
     """vLLM 0.33's `ll_bf16` router GEMM as shipped (the M == 1 prefetch kernel at M = 1, its
     default kernels above; K = 7168, N in 896 / 384 / 256), or None."""
