@@ -8,9 +8,9 @@
 
 namespace kimi {
 
-// The GEMM's input contract; every implementation (CPU, CUDA) calls it first, and ops.py's
-// fake implementation checks the same things with the same messages. `op` names the op in
-// the messages. The ll_bf16_* ops take bf16 only; router_gemm and router also take fp32
+// The GEMM's input contract, checked only here: every implementation (CPU, CUDA) calls it
+// first (ops.py's fake kernels give shapes and dtypes only). `op` names the op in the
+// messages. The ll_bf16_* ops take bf16 only; router_gemm and router also take fp32
 // router weights (with bf16 or fp32 hidden_states) and a gate bias of the weights' dtype.
 void check_inputs(const Tensor& hidden_states, const Tensor& router_weight, ScalarType out_dtype,
                   const char* op = "ll_bf16_gemm");

@@ -34,7 +34,7 @@ constexpr ScalarType kBFloat16 = ScalarType::BFloat16;
 constexpr ScalarType kInt = ScalarType::Int;
 constexpr ScalarType kBool = ScalarType::Bool;
 
-// "torch.float32", as Python prints a dtype (the fake kernels' messages say the same).
+// "torch.float32", as Python prints a dtype.
 std::string dtype_name(ScalarType t);
 
 // Sizes as Python prints a shape's list, "[2, 64]"; devices as torch names them, "cuda:0".

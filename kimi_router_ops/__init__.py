@@ -29,30 +29,13 @@ if _os.environ.get("KIMI_ROUTER_OPS_BUILD") != "1":
     # runs the registrations of the ops' schemas and kernels.
     _torch.ops.load_library(_Path(__file__).with_name("_C.abi3.so"))
 
-    from . import ops  # noqa: F401  (fake kernels, the derivative)
-    from .ops import (
-        attn_res,
-        chosen_router_variant,
-        chosen_variant,
-        compiled_kernels,
-        fused_add_rms_norm,
-        is_batch_invariant,
-        ll_bf16_gemm,
-        ll_bf16_router,
-        moe_routing,
-        moe_routing_out,
-        rms_norm,
-        router,
-        router_and_projection,
-        router_out,
-        router_gemm,
-        router_gemm_with_variant,
-        router_with_variant,
-        set_batch_invariant,
-    )
+    from . import ops
+    from .ops import *  # noqa: F401,F403  (every op's wrapper: ops.OPS)
     from .router_linear import RouterLinear
 
-
+    __all__ = ["RouterLinear", "__version__", *ops.__all__]
+else:
+    __all__ = ["__version__"]
 
 del _os, _Path, _torch, _version
 
@@ -66,26 +49,3 @@ def __getattr__(name):
         return importlib.import_module(".integrations", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-__all__ = [
-    "RouterLinear",
-    "attn_res",
-    "chosen_router_variant",
-    "chosen_variant",
-    "compiled_kernels",
-    "fused_add_rms_norm",
-    "is_batch_invariant",
-    "ll_bf16_gemm",
-    "ll_bf16_router",
-    "moe_routing",
-    "moe_routing_out",
-    "rms_norm",
-    "__version__",
-    "router",
-    "router_and_projection",
-    "router_out",
-    "router_gemm",
-    "router_gemm_with_variant",
-    "router_with_variant",
-    "set_batch_invariant",
-]

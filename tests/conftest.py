@@ -5,7 +5,7 @@ import torch
 
 import kimi_router_ops  # noqa: F401  (registers torch.ops.kimi)
 from kimi_router_ops.bench import SHAPES
-from kimi_router_ops.checks import dot_error
+from kimi_router_ops.testing import dot_error
 
 # Kimi-K3, Kimi-K2, DeepSeek-V3 router shapes, (N experts, K hidden): the benchmark's table.
 MODEL_SHAPES = SHAPES

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kimi_router_ops
-from kimi_router_ops.checks import NEAR, near_tie, reference_routing
+from kimi_router_ops.testing import NEAR, near_tie, reference_routing
 from conftest import HAS_CUDA, call_in, random_bf16, requires_kernel_gpu
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])

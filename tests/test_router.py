@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from kimi_router_ops.checks import reference_router
+from kimi_router_ops.testing import reference_router
 from conftest import HAS_CUDA, call_in, dot_error, random_bf16, requires_kernel_gpu
 from test_moe_routing import check_routing
 

@@ -22,7 +22,7 @@ from sglang.srt.models.deepseek_v2 import MoEGate  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: E402
 from sglang.test.test_utils import published_topology  # noqa: E402
 
-from kimi_router_ops.checks import dot_error, near_tie, reference_routing  # noqa: E402
+from kimi_router_ops.testing import dot_error, near_tie, reference_routing  # noqa: E402
 from kimi_router_ops.integrations import sglang as kimi_sglang  # noqa: E402
 
 SWITCHES = (kimi_sglang.ENV_ALL, kimi_sglang.ENV_GATE, kimi_sglang.ENV_ROUTING, kimi_sglang.ENV_ATTN_RES)

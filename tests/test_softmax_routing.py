@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from kimi_router_ops.checks import NEAR, near_tie
+from kimi_router_ops.testing import NEAR, near_tie
 from conftest import HAS_CUDA, requires_kernel_gpu
 from test_moe_routing import check, check_padding_rows, make_logits, padding_rows, routing_problems
 from test_router import check_router, fused_router_problems, make_case, router_problems

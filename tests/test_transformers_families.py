@@ -10,7 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (optional extra)")
 
 from kimi_router_ops.integrations import transformers as kimi_tf  # noqa: E402
-from kimi_router_ops.checks import near_tie  # noqa: E402
+from kimi_router_ops.testing import near_tie  # noqa: E402
 from conftest import HAS_CUDA  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])

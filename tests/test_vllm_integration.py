@@ -16,7 +16,7 @@ import torch
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (the vllm extra)")
 
-from kimi_router_ops.checks import dot_error, near_tie, reference_routing  # noqa: E402
+from kimi_router_ops.testing import dot_error, near_tie, reference_routing  # noqa: E402
 from kimi_router_ops.integrations import vllm as kimi_vllm  # noqa: E402
 from test_moe_routing import check_routing  # noqa: E402
 from vllm.model_executor.custom_op import op_registry_oot  # noqa: E402

@@ -16,7 +16,7 @@ import torch
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from kimi_router_ops.checks import dot_error, near_tie, reference_router, reference_routing
+from kimi_router_ops.testing import dot_error, near_tie, reference_router, reference_routing
 
 N_LIST = (1, 3, 17, 895)
 # Odd K for the scalar-load kernels; multiples of 8 (chunk and split tails) for all of them.

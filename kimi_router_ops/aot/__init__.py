@@ -12,6 +12,6 @@ before _C exists; a GPU machine without nvidia-cutlass-dsl builds from a copied 
 (KIMI_ROUTER_OPS_AOT_DIR).
 """
 
-from .families import FAMILIES, Family, Kernel, compiled_kernels, family, gemm_object, router_object
+from .families import FAMILIES, Family, Kernel, compiled_kernels, gemm_object, router_object
 
-__all__ = ["FAMILIES", "Family", "Kernel", "compiled_kernels", "family", "gemm_object", "router_object"]
+__all__ = ["FAMILIES", "Family", "Kernel", "compiled_kernels", "gemm_object", "router_object"]

@@ -310,10 +310,6 @@ FAMILIES = (
 )
 
 
-def family(name: str) -> Family:
-    return next(f for f in FAMILIES if f.name == name)
-
-
 def compiled_kernels(name: str = "", arch: str = "") -> list:
     """Every kernel the build compiles (of one family, for one architecture), in table order."""
     return [k for f in FAMILIES if name in ("", f.name) for a, sm in v.ARCHS if arch in ("", a)

@@ -1,7 +1,7 @@
-"""Judging results, shared by the tests and tools/sanitize.py: how far a GEMM output is from
-the exact product, on the scale of fp32 rounding (every kernel is held to 1e-5 of
-sum_k |x_k w_k| for fp32 outputs), and the router's float64 reference with the near-ties
-that may change which experts it picks.
+"""Test oracles, shared by the tests and tools/sanitize.py (a user's tests may use them too):
+how far a GEMM output is from the exact product, on the scale of fp32 rounding (every kernel
+is held to 1e-5 of sum_k |x_k w_k| for fp32 outputs), and the router's float64 reference
+with the near-ties that may change which experts it picks.
 """
 
 import torch
