@@ -327,6 +327,23 @@ std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits_in, const Opti
   return {weights, torch::stable::to(ids, kInt)};
 }
 
+RoutingParams moe_routing_out_params(const Tensor& logits, const OptionalTensor& bias,
+                                     int64_t top_k, int64_t n_group, int64_t topk_group,
+                                     bool renormalize, double routed_scaling_factor,
+                                     const std::string& scoring, const OptionalTensor& input_ids,
+                                     const OptionalTensor& hash_table,
+                                     int64_t num_fused_shared_experts,
+                                     double shared_expert_weight, const RoutingOutputs& out) {
+  const char* op = "moe_routing_out";
+  const RoutingParams r =
+      routing_params_out(op, top_k, n_group, topk_group, renormalize, routed_scaling_factor,
+                         scoring, input_ids, hash_table, num_fused_shared_experts,
+                         shared_expert_weight);
+  check_moe_routing_inputs(logits, bias, r);
+  check_routing_outputs(op, logits.size(0), logits.size(1), logits.device(), r, out);
+  return r;
+}
+
 namespace {
 
 std::tuple<Tensor, Tensor> moe_routing_cpu(const Tensor& logits, const OptionalTensor& bias,
@@ -348,14 +365,10 @@ void moe_routing_out_cpu(const Tensor& logits, const OptionalTensor& bias, int64
                          const Tensor& topk_weights, const Tensor& topk_ids,
                          const OptionalTensor& expert_counts, int64_t num_fused_shared_experts,
                          double shared_expert_weight) {
-  const char* op = "moe_routing_out";
-  const RoutingParams r =
-      routing_params_out(op, top_k, n_group, topk_group, renormalize, routed_scaling_factor,
-                         scoring, input_ids, hash_table, num_fused_shared_experts,
-                         shared_expert_weight);
-  check_moe_routing_inputs(logits, bias, r);
   const RoutingOutputs out{topk_weights, topk_ids, expert_counts};
-  check_routing_outputs(op, logits.size(0), logits.size(1), logits.device(), r, out);
+  const RoutingParams r = moe_routing_out_params(
+      logits, bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
+      input_ids, hash_table, num_fused_shared_experts, shared_expert_weight, out);
   auto [weights, ids] = routing_reference(logits, bias, r);
   write_routing(weights, ids, logits.size(1), r, out);
 }

@@ -83,6 +83,16 @@ void check_routing_args(const char* op, int64_t M, int64_t N, const std::optiona
 void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias,
                               const RoutingParams& r);
 
+// moe_routing_out's contract (every implementation calls it first): its routing parameters,
+// checked with the logits, the bias and the caller's outputs.
+RoutingParams moe_routing_out_params(const Tensor& logits, const OptionalTensor& bias,
+                                     int64_t top_k, int64_t n_group, int64_t topk_group,
+                                     bool renormalize, double routed_scaling_factor,
+                                     const std::string& scoring, const OptionalTensor& input_ids,
+                                     const OptionalTensor& hash_table,
+                                     int64_t num_fused_shared_experts,
+                                     double shared_expert_weight, const RoutingOutputs& out);
+
 // The routing as ATen ops, on checked fp32 or bf16 logits [M, N]: (weights, ids).
 std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits, const OptionalTensor& bias,
                                              const RoutingParams& r);

@@ -33,7 +33,7 @@ def _check_trigger(row):
 
 @dataclass(frozen=True)
 class Dotprod:
-    """CUDA-core dot product (kernels/ll_bf16_dotprod.py): one CTA per `rows_per_cta`
+    """CUDA-core dot product (kernels/gemm_dotprod.py): one CTA per `rows_per_cta`
     experts and `tokens` tokens, all of K, `unroll` vectors per thread in flight; bf16 or
     fp32 weights."""
 
@@ -58,7 +58,7 @@ class Dotprod:
 
 @dataclass(frozen=True)
 class Mma:
-    """Tensor cores (kernels/ll_bf16_mma.py): `tiles` 16-expert tiles and `tokens` tokens per
+    """Tensor cores (kernels/gemm_mma.py): `tiles` 16-expert tiles and `tokens` tokens per
     CTA (more tokens take more CTAs), K split over the `cluster_k` CTAs of a cluster and the
     `warps` warps of each, `unroll` 32-element chunks per warp and step."""
 
@@ -245,7 +245,7 @@ BATCH_INVARIANT_CHOICES = (
 
 @dataclass(frozen=True)
 class RouterVariant:
-    """The fused router (kernels/ll_bf16_router.py): the GEMM row `gemm`, then routing in
+    """The fused router (kernels/router_fused.py): the GEMM row `gemm`, then routing in
     the same grid. Chosen for m_lo <= M <= m_hi and n_min <= N <= n_max (first match);
     n_max also sets the experts a lane holds (n_max / 32, compiled in)."""
 
@@ -266,7 +266,7 @@ class RouterVariant:
     # routing reads it (docs/kernel-notes.md).
     bias_prefetch: bool = False
     # Tensor-core rows: each token routed by a warp of the last cluster's CTA that publishes
-    # it, not by the m-th CTA from the end (kernels/ll_bf16_router.py, _routing_unit).
+    # it, not by the m-th CTA from the end (kernels/router_fused.py, _routing_unit).
     at_publisher: bool = False
 
     def __post_init__(self):
@@ -284,7 +284,7 @@ ROUTER_N_RANGES = ((1, 128), (129, 256), (257, 384), (385, 896), (897, 1024))
 N128, N256, N384, N896, N1024 = ROUTER_N_RANGES
 
 
-class RouterGemm(NamedTuple):
+class FusedGemm(NamedTuple):
     """One entry of ROUTER_GEMMS: a GEMM row fused for an M range and some N ranges."""
 
     gemm: str  # a row of VARIANTS
@@ -304,30 +304,30 @@ class RouterGemm(NamedTuple):
 # docs/kernel-notes.md says what each buys. Columns: GEMM row, M range, N ranges, exclusive,
 # trigger, bias prefetch, routing at the publisher.
 ROUTER_GEMMS = (
-    RouterGemm("m1_prefetch_r4_t256", 1, 1, (N128, N256), True, "before_wait", True),
-    RouterGemm("m1_prefetch_r4_t256", 1, 1, (N384,), True, "after_x", True),
-    RouterGemm("m2_prefetch_r4_t256", 2, 2, (N256,), True, "before_wait", True),
-    RouterGemm("mma8_t2c4w8u7", 1, 8, (N896, N1024), False, "before_wait", False),
-    RouterGemm("mma8_t2c4w8u7", 2, 8, (N128,), False, "after_x", True),
-    RouterGemm("mma8_t2c4w8u7", 2, 4, (N256,), False, "before_wait", True, at_publisher=True),
-    RouterGemm("mma8_t2c4w8u7", 5, 8, (N256,), False, "after_x", True),
-    RouterGemm("mma8_t1c4w8u7", 2, 8, (N384,), False, "at_entry", False),
-    RouterGemm("mma16_t1c4w8u7", 9, 16, (N128, N256), False, "after_x", False),
-    RouterGemm("mma16_t1c4w8u7", 9, 16, (N384,), False, "before_wait", True, at_publisher=True),
+    FusedGemm("m1_prefetch_r4_t256", 1, 1, (N128, N256), True, "before_wait", True),
+    FusedGemm("m1_prefetch_r4_t256", 1, 1, (N384,), True, "after_x", True),
+    FusedGemm("m2_prefetch_r4_t256", 2, 2, (N256,), True, "before_wait", True),
+    FusedGemm("mma8_t2c4w8u7", 1, 8, (N896, N1024), False, "before_wait", False),
+    FusedGemm("mma8_t2c4w8u7", 2, 8, (N128,), False, "after_x", True),
+    FusedGemm("mma8_t2c4w8u7", 2, 4, (N256,), False, "before_wait", True, at_publisher=True),
+    FusedGemm("mma8_t2c4w8u7", 5, 8, (N256,), False, "after_x", True),
+    FusedGemm("mma8_t1c4w8u7", 2, 8, (N384,), False, "at_entry", False),
+    FusedGemm("mma16_t1c4w8u7", 9, 16, (N128, N256), False, "after_x", False),
+    FusedGemm("mma16_t1c4w8u7", 9, 16, (N384,), False, "before_wait", True, at_publisher=True),
     # Kimi-K3's 385..896 experts at M = 9..16 take the two launches: after the layer they
     # were 0.2-1.8 us faster behind every producer (H200 at e36c09f: AttnRes 16.50 -> 14.74,
     # rms_norm 12.46 -> 12.13 at M = 16; H100 at 6943400 likewise), the front winning over
     # the fused row's back-to-back lead (docs/benchmarks.md).
-    RouterGemm("mma16_t2c4w8u7", 9, 16, (N1024,), False, "before_wait", False, at_publisher=True),
+    FusedGemm("mma16_t2c4w8u7", 9, 16, (N1024,), False, "before_wait", False, at_publisher=True),
     # fp32 weights, bf16 tokens: the fp32 GEMM's kernels for K <= 4096 (MiniMax-M2). Alone on
     # an SM where the grid (2 experts a CTA, one token tile) fits in one wave.
-    RouterGemm("f32w_m1_r2_u4_t256", 1, 1, (N128, N256), True, "before_wait", True),
-    RouterGemm("f32w_m4_r2_u4_t256", 2, 4, (N128, N256), True, "before_wait", True),
-    RouterGemm("f32w_m8_r2_u2_t256", 5, 8, (N128, N256), True, "before_wait", True),
-    RouterGemm("f32w_m8_r2_u2_t256", 9, 16, (N128, N256), False, "before_wait", True),
-    RouterGemm("f32w_m1_r2_u4_t256", 1, 1, (N384,), False, "before_wait", True),
-    RouterGemm("f32w_m4_r2_u4_t256", 2, 4, (N384,), False, "before_wait", True),
-    RouterGemm("f32w_m8_r2_u2_t256", 5, 16, (N384,), False, "before_wait", True),
+    FusedGemm("f32w_m1_r2_u4_t256", 1, 1, (N128, N256), True, "before_wait", True),
+    FusedGemm("f32w_m4_r2_u4_t256", 2, 4, (N128, N256), True, "before_wait", True),
+    FusedGemm("f32w_m8_r2_u2_t256", 5, 8, (N128, N256), True, "before_wait", True),
+    FusedGemm("f32w_m8_r2_u2_t256", 9, 16, (N128, N256), False, "before_wait", True),
+    FusedGemm("f32w_m1_r2_u4_t256", 1, 1, (N384,), False, "before_wait", True),
+    FusedGemm("f32w_m4_r2_u4_t256", 2, 4, (N384,), False, "before_wait", True),
+    FusedGemm("f32w_m8_r2_u2_t256", 5, 16, (N384,), False, "before_wait", True),
 )
 
 

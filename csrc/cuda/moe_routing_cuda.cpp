@@ -96,14 +96,10 @@ void moe_routing_out_cuda(const Tensor& logits, const OptionalTensor& bias, int6
                           const Tensor& topk_weights, const Tensor& topk_ids,
                           const OptionalTensor& expert_counts, int64_t num_fused_shared_experts,
                           double shared_expert_weight) {
-  const char* op = "moe_routing_out";
-  const RoutingParams r =
-      routing_params_out(op, top_k, n_group, topk_group, renormalize, routed_scaling_factor,
-                         scoring, input_ids, hash_table, num_fused_shared_experts,
-                         shared_expert_weight);
-  check_moe_routing_inputs(logits, bias, r);
   const RoutingOutputs out{topk_weights, topk_ids, expert_counts};
-  check_routing_outputs(op, logits.size(0), logits.size(1), logits.device(), r, out);
+  const RoutingParams r = moe_routing_out_params(
+      logits, bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
+      input_ids, hash_table, num_fused_shared_experts, shared_expert_weight, out);
   const DeviceGuard guard(logits.get_device_index());
   moe_routing_on_gpu_into(logits, bias, r, out);
 }

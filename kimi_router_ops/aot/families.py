@@ -123,16 +123,16 @@ def gemm_object(row, vec, x_dtype="bfloat16", trigger=None):
     unless another is given: a fused router row's own)."""
     from dataclasses import asdict
 
-    from ..kernels.ll_bf16_dotprod import LLBf16Dotprod
-    from ..kernels.ll_bf16_mma import LLBf16Mma
+    from ..kernels.gemm_dotprod import GemmDotprod
+    from ..kernels.gemm_mma import GemmMma
 
     params = asdict(row.kernel)
     launch = dict(prefetch=row.prefetch, pdl=row.pdl, trigger=trigger or row.trigger)
     if isinstance(row.kernel, v.Mma):
-        return LLBf16Mma(**params, **launch)
+        return GemmMma(**params, **launch)
     params.update(max_m=params.pop("tokens"), vec=vec, weight_dtype=_dsl_type(params["weight_dtype"]),
                   x_dtype=_dsl_type(x_dtype))
-    return LLBf16Dotprod(**params, **launch)
+    return GemmDotprod(**params, **launch)
 
 
 def _compile_gemm(k):
@@ -149,11 +149,11 @@ def _router_kernels(arch, sm):
 
 
 def router_object(row):
-    from ..kernels.ll_bf16_router import LLBf16Router
+    from ..kernels.router_fused import FusedRouter
 
     gemm_row = v.variant(row.gemm)
     gemm = gemm_object(gemm_row, gemm_row.kernel.vecs[0], trigger=row.trigger)
-    return LLBf16Router(gemm, n_max=row.n_max, exclusive=row.exclusive, bias_prefetch=row.bias_prefetch,
+    return FusedRouter(gemm, n_max=row.n_max, exclusive=row.exclusive, bias_prefetch=row.bias_prefetch,
                         at_publisher=row.at_publisher)
 
 

@@ -37,7 +37,7 @@ def sum_of_warps(partials, row, num_warps: cutlass.Constexpr):
     return total
 
 
-class RouterGemm:
+class GemmKernel:
     """A router GEMM kernel (the dot product, the tensor cores): out = x w^T (+ gate bias).
     A subclass gives vector_views, launch_shape and body(xv, wv, gate_bias, out,
     has_gate_bias, handoff=None, scoring=None, expert_block=None): the whole GEMM, which the

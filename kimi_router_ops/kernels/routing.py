@@ -1,5 +1,5 @@
 """MoE routing of one token by one warp: the shared part of the fused router
-(kernels/ll_bf16_router.py) and the standalone routing op (kernels/moe_routing.py).
+(kernels/router_fused.py) and the standalone routing op (kernels/moe_routing.py).
 
     scores  = sigmoid(logits), or softmax(logits) over the token's N experts
     choice  = scores + bias (a bias that is not finite makes every weight NaN)

@@ -26,10 +26,10 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
 from . import handoff as handoff_buffer
-from .common import RouterGemm, store_warp_sums, strided_columns, sum_of_warps
+from .common import GemmKernel, store_warp_sums, strided_columns, sum_of_warps
 
 
-class LLBf16Dotprod(RouterGemm):
+class GemmDotprod(GemmKernel):
     """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
 
     def __init__(

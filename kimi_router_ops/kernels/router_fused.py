@@ -3,7 +3,7 @@
     logits  = x · wᵀ (+ gate_bias)                    (the GEMM kernel's body, unchanged)
     then the routing of kernels/routing.py on sigmoid(logits) or softmax(logits)
 
-Every CTA runs the GEMM body of an LLBf16Dotprod or LLBf16Mma kernel, which stores the
+Every CTA runs the GEMM body of an GemmDotprod or GemmMma kernel, which stores the
 logits and also publishes each expert's sigmoid score in a handoff buffer
 (kernels/handoff.py), where a word is its own ready flag. Token m is then routed by one
 warp, of the m-th CTA from the end (or, with more tokens than CTAs, the next warps; on
@@ -26,7 +26,7 @@ from .routing import WARP, WarpRouting
 EXCLUSIVE_SMEM = 120 * 1024  # more than half of an H200's or B200's 228 KiB per SM
 
 
-class LLBf16Router(WarpRouting):
+class FusedRouter(WarpRouting):
     """One fused router kernel: `gemm` (a GEMM kernel object) plus the routing epilogue."""
 
     def __init__(self, gemm, n_max: int, exclusive: bool = False, bias_prefetch: bool = False,

@@ -33,7 +33,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from . import handoff as handoff_buffer
-from .common import RouterGemm
+from .common import GemmKernel
 
 TILE_E = 16  # experts per MMA (its M)
 TILE_T = 8  # tokens per MMA (its N)
@@ -48,7 +48,7 @@ def _keep_loads_above(*, loc=None, ip=None):
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
-class LLBf16Mma(RouterGemm):
+class GemmMma(GemmKernel):
     """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
 
     def __init__(
