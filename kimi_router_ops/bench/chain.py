@@ -27,7 +27,7 @@ import torch
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from .gemm import parse_bench_args, report_header, save_report, two_way_markdown
+from .report import parse_bench_args, report_header, save_report, two_way_markdown
 from .peers import vllm_dsv4_topk, vllm_gate, vllm_serves
 from .router import CONFIGS
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us, l2_bytes, weight_copies

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
-from .gemm import parse_bench_args, report_header, save_report, two_way_markdown
+from .report import parse_bench_args, report_header, save_report, two_way_markdown
 from .peers import vllm_gate
 from .timing import AFTER_LAYER_CALLS, after_layer_timer, graph_time_us
 

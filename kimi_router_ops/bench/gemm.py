@@ -10,18 +10,15 @@ Writes <out>/bench.json, <out>/bench.md and <out>/bench.png.
 """
 
 import argparse
-import datetime
-import json
-import os
 import subprocess
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from .timing import graph_time_us, l2_bytes, weight_copies
+from .report import parse_bench_args, report_header, save_report
+from .timing import empty_node_us, graph_time_us, hbm_read_bandwidth, l2_bytes, weight_copies
 
 SHAPES = {"kimi-k3": (896, 7168), "kimi-k2": (384, 7168), "deepseek-v3": (256, 7168)}
 M_LIST = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -50,19 +47,6 @@ def implementations(m, sweep=False):
     return impls
 
 
-def hbm_read_bandwidth() -> float:
-    """Bytes per second of a large read-only reduction (1 GiB, well past L2)."""
-    data = torch.ones(2**28, device="cuda", dtype=torch.float32)
-    us = graph_time_us([lambda: torch.sum(data)] * 4)
-    return data.numel() * 4 / (us * 1e-6)
-
-
-def empty_node_us() -> float:
-    """Per-call cost of a one-element kernel in a graph: the price of one more graph node."""
-    tiny = torch.zeros(1, device="cuda")
-    return graph_time_us([lambda: tiny.add_(1)] * 20)
-
-
 def host_overhead_us(fn, calls: int = 100, repeats: int = 20) -> float:
     """CPU time per eager call (Python -> op -> launch), no synchronization: the best of
     `repeats` bursts of `calls` calls, few enough that the launch queue never fills."""
@@ -89,25 +73,6 @@ def host_overheads():
         "kimi_router_ops.ll_bf16_gemm": round(host_overhead_us(lambda: kimi_router_ops.ll_bf16_gemm(x, w)), 2),
         "F.linear": round(host_overhead_us(lambda: F.linear(x, w)), 2),
         "torch.mm fp32 out": round(host_overhead_us(lambda: torch.mm(x, w.t(), out_dtype=torch.float32)), 2),
-    }
-
-
-def git_commit() -> str:
-    if os.environ.get("KIMI_COMMIT"):  # set by tools/device_run.sh: GPU machines get no .git
-        return os.environ["KIMI_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def report_header(**fields) -> dict:
-    """The start of every benchmark's JSON report: when, which commit, GPU and torch, then
-    `fields`."""
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, **fields,
     }
 
 
@@ -144,61 +109,9 @@ def run(shapes, m_list, replays, sweep=False):
                 if impl.startswith("ll_bf16_gemm") else impl,
             })
         del weights
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "driver": _driver_version(),
-        "hbm_read_TBps": round(bandwidth / 1e12, 3),
-        "empty_node_us": round(node_us, 3),
-        "host_overhead_us": host_overheads(),
-        "replays": replays,
-        "results": results,
-    }
-
-
-def parse_bench_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """The options every benchmark takes (--replays, --out), parsed; a GPU is required."""
-    parser.add_argument("--replays", type=int, default=30, help="graph replays (at least 30)")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("the benchmark needs a CUDA GPU")
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.replays = max(30, args.replays)
-    return args
-
-
-def save_report(out: Path, stem: str, report: dict, table: str) -> None:
-    """<out>/<stem>.json (the raw report) and <out>/<stem>.md (the table), then the table."""
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
-    (out / f"{stem}.md").write_text(table)
-    print(table)
-
-
-def two_way_markdown(report, what, table_key, row_keys) -> str:
-    """A two-way report: the run's header line, then two_way_tables."""
-    header = f"{report['gpu']}, torch {report['torch']}, commit {report['commit']}, {report['date']}: {what}"
-    return "\n".join([header, *two_way_tables(report["results"], table_key, row_keys)]) + "\n"
-
-
-def two_way_tables(results, group: str, columns: tuple) -> list:
-    """Markdown lines: one table per value of `group`, a row per value of the `columns`, a
-    cell per M: "after the layer (back to back)" (bench.chain, bench.precisions)."""
-    lines = []
-    m_list = list(dict.fromkeys(r["M"] for r in results))
-    for name in dict.fromkeys(r[group] for r in results):
-        rows = [r for r in results if r[group] == name]
-        lines += ["", f"{name}:", "", "| " + " | ".join(columns) + " | " + " | ".join(f"M = {m}" for m in m_list)
-                  + " |", "|---" * (len(columns) + len(m_list)) + "|"]
-        for key in dict.fromkeys(tuple(r[c] for c in columns) for r in rows):
-            cells = {r["M"]: r for r in rows if tuple(r[c] for c in columns) == key}
-            lines.append("| " + " | ".join(key) + " | " + " | ".join(
-                f"{cells[m]['after_layer']:.2f} ({cells[m]['back_to_back']:.2f})" if m in cells else ""
-                for m in m_list) + " |")
-    return lines
+    return report_header(
+        cuda=torch.version.cuda, driver=_driver_version(), hbm_read_TBps=round(bandwidth / 1e12, 3),
+        empty_node_us=round(node_us, 3), host_overhead_us=host_overheads(), replays=replays, results=results)
 
 
 def _driver_version() -> str:

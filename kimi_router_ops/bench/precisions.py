@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from .gemm import hbm_read_bandwidth, parse_bench_args, report_header, save_report, two_way_markdown
+from .report import parse_bench_args, report_header, save_report, two_way_markdown
+from .timing import hbm_read_bandwidth
 from .timing import after_layer_timer, graph_time_us, l2_bytes
 
 # (K, N): vLLM's fp32_router_gemm shapes (MiniMax-M2, MiniMax-M3, 6144 x 256), one it lacks,

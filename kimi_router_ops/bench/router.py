@@ -20,7 +20,8 @@ import torch
 
 import kimi_router_ops
 from kimi_router_ops import variants
-from .gemm import empty_node_us, git_commit, parse_bench_args, save_report
+from .report import git_commit, parse_bench_args, save_report
+from .timing import empty_node_us
 from .timing import graph_time_us, l2_bytes, weight_copies
 
 # name: (K hidden, N experts, top_k, n_group, topk_group, routed_scaling_factor, scoring)

@@ -63,3 +63,16 @@ def after_layer_timer(replays: int):
         return round(graph_time_us(calls, replays=replays) * 2 - layer_us, 3)
 
     return layer_us, time
+
+
+def hbm_read_bandwidth() -> float:
+    """Bytes per second of a large read-only reduction (1 GiB, well past L2)."""
+    data = torch.ones(2**28, device="cuda", dtype=torch.float32)
+    us = graph_time_us([lambda: torch.sum(data)] * 4)
+    return data.numel() * 4 / (us * 1e-6)
+
+
+def empty_node_us() -> float:
+    """Per-call cost of a one-element kernel in a graph: the price of one more graph node."""
+    tiny = torch.zeros(1, device="cuda")
+    return graph_time_us([lambda: tiny.add_(1)] * 20)
