@@ -20,18 +20,18 @@
 namespace kimi {
 
 void check_norm_inputs(const char* op, const Tensor& x, const Tensor* residual,
-                       const Tensor& weight, double eps) {
-  KIMI_CHECK(x.scalar_type() == kBFloat16, op, ": x must be torch.bfloat16, got ",
+                       const Tensor& weight, double eps, const char* x_name,
+                       const char* weight_name) {
+  KIMI_CHECK(x.scalar_type() == kBFloat16, op, ": ", x_name, " must be torch.bfloat16, got ",
              dtype_name(x.scalar_type()));
-  KIMI_CHECK(weight.scalar_type() == kBFloat16, op,
-             ": weight must be torch.bfloat16, got ", dtype_name(weight.scalar_type()));
-  KIMI_CHECK(x.dim() == 2, op, ": x must be 2-D [M, K], got shape ", x.sizes());
-  KIMI_CHECK(x.size(1) >= 1, op, ": K must be at least 1, got x ", x.sizes());
-  KIMI_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), op,
-             ": weight must have shape [K]=[", x.size(1), "], got ", weight.sizes());
-  KIMI_CHECK(weight.device() == x.device(), op,
-             ": x and weight must be on the same device, got ", x.device(), " and ",
-             weight.device());
+  KIMI_CHECK(weight.scalar_type() == kBFloat16, op, ": ", weight_name,
+             " must be torch.bfloat16, got ", dtype_name(weight.scalar_type()));
+  KIMI_CHECK(x.dim() == 2, op, ": ", x_name, " must be 2-D [M, K], got shape ", x.sizes());
+  KIMI_CHECK(x.size(1) >= 1, op, ": K must be at least 1, got ", x_name, " ", x.sizes());
+  KIMI_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), op, ": ", weight_name,
+             " must have shape [K]=[", x.size(1), "], got ", weight.sizes());
+  KIMI_CHECK(weight.device() == x.device(), op, ": ", x_name, " and ", weight_name,
+             " must be on the same device, got ", x.device(), " and ", weight.device());
   KIMI_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ",
              eps);
   if (residual != nullptr) {
@@ -40,9 +40,9 @@ void check_norm_inputs(const char* op, const Tensor& x, const Tensor* residual,
                dtype_name(residual->scalar_type()));
     const Sizes rs = residual->sizes(), xs = x.sizes();
     KIMI_CHECK(rs.size() == xs.size() && std::equal(rs.begin(), rs.end(), xs.begin()), op,
-               ": residual must have the shape of x ", xs, ", got ", rs);
-    KIMI_CHECK(residual->device() == x.device(), op,
-               ": x and residual must be on the same device, got ", x.device(), " and ",
+               ": residual must have the shape of ", x_name, " ", xs, ", got ", rs);
+    KIMI_CHECK(residual->device() == x.device(), op, ": ", x_name,
+               " and residual must be on the same device, got ", x.device(), " and ",
                residual->device());
   }
 }

@@ -74,6 +74,14 @@ def _norm_output(x):
     return x.new_empty((_rows(x), x.shape[-1] if x.dim() else 1), dtype=torch.bfloat16)
 
 
+def _rms_norm_router_fake(x, norm_weight, eps, w, bias, top_k, *args, **kwargs):
+    return (_norm_output(x), *_router_fake(x, w, bias, top_k))
+
+
+def _fused_add_rms_norm_router_fake(x, residual, norm_weight, eps, w, bias, top_k, *args, **kwargs):
+    return (_norm_output(x), _norm_output(x), *_router_fake(x, w, bias, top_k))
+
+
 def _no_output(*args, **kwargs):
     """The _out ops write the caller's tensors and return nothing."""
     return None
@@ -334,6 +342,43 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     """(rms_norm(s, weight, eps), s) with s = bf16(x + residual): the residual add and the
     norm in front of an MoE layer. Functional: neither input is written."""
     return _ops.fused_add_rms_norm.default(x, residual, weight, eps)
+
+
+@_op(_rms_norm_router_fake)
+def rms_norm_router(hidden_states: Tensor, norm_weight: Tensor, eps: float, router_weight: Tensor,
+                    e_score_correction_bias: Tensor | None = None, top_k: int | None = None, n_group: int = 1,
+                    topk_group: int = 1, renormalize: bool = True, routed_scaling_factor: float = 1.0,
+                    scoring: str = "sigmoid", gate_bias: Tensor | None = None, input_ids: Tensor | None = None,
+                    hash_table: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The norm in front of an MoE layer and its router in one op: normed =
+    `rms_norm(hidden_states, norm_weight, eps)`, then `router(normed, router_weight, ...)`.
+
+    Returns (normed bf16 [M, K], topk_weights, topk_ids, logits), each exactly what the two ops
+    give on the same device. On sm_90 / sm_100 one kernel where the router op would run a
+    fused router kernel (bf16 gate, fp32 or no score-correction bias, 16-byte aligned rows):
+    every CTA norms its tokens' rows and multiplies the normed vectors as it loads them;
+    elsewhere the norm op's kernel, then the router op's."""
+    return _ops.rms_norm_router.default(hidden_states, norm_weight, eps, router_weight, e_score_correction_bias,
+                                        _required(top_k, "rms_norm_router"), n_group, topk_group, renormalize,
+                                        routed_scaling_factor, scoring, gate_bias, input_ids, hash_table)
+
+
+@_op(_fused_add_rms_norm_router_fake)
+def fused_add_rms_norm_router(hidden_states: Tensor, residual: Tensor, norm_weight: Tensor, eps: float,
+                              router_weight: Tensor, e_score_correction_bias: Tensor | None = None,
+                              top_k: int | None = None, n_group: int = 1, topk_group: int = 1,
+                              renormalize: bool = True, routed_scaling_factor: float = 1.0, scoring: str = "sigmoid",
+                              gate_bias: Tensor | None = None, input_ids: Tensor | None = None,
+                              hash_table: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`rms_norm_router` after the residual add: (normed, residual_out) =
+    `fused_add_rms_norm(hidden_states, residual, norm_weight, eps)`, then `router(normed, ...)`.
+    Returns (normed, residual_out, topk_weights, topk_ids, logits), exactly the two ops'.
+    Functional: neither input is written."""
+    return _ops.fused_add_rms_norm_router.default(hidden_states, residual, norm_weight, eps, router_weight,
+                                                  e_score_correction_bias,
+                                                  _required(top_k, "fused_add_rms_norm_router"), n_group,
+                                                  topk_group, renormalize, routed_scaling_factor, scoring,
+                                                  gate_bias, input_ids, hash_table)
 
 
 @_op(lambda prefix, *args, **kwargs: _norm_output(prefix))

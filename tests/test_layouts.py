@@ -62,6 +62,8 @@ def ops_on(layout, device):
         "moe_routing_out": ((logits, *routing), dict(outputs(5), num_fused_shared_experts=1)),
         "rms_norm": ((x, weight, 1e-6), {}),
         "fused_add_rms_norm": ((x, residual, weight, 1e-6), {}),
+        "rms_norm_router": ((x, weight, 1e-6, w, *routing), {}),
+        "fused_add_rms_norm_router": ((x, residual, weight, 1e-6, f32_w, *routing, "sigmoid", gate_bias), {}),
         # Its tensors need a unit stride along H (the contract): an offset view as the delta.
         "attn_res": ((random_bf16(5, 64, device=device), residual, blocks, weight, weight, weight, 2, 2, 1e-6,
                       1e-6), {}),

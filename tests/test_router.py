@@ -211,7 +211,8 @@ def fused_router_problems(draw):
 def test_property_cuda_fused(problem, renormalize, factor):
     x, w, bias = make_case(**problem, device="cuda")
     args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, factor)
-    assert kimi_router_ops.chosen_router_variant(x.shape[0], w.shape[0], x.shape[1], *args[:3]).startswith("router_")
+    chosen = kimi_router_ops.chosen_router_variant(x.shape[0], w.shape[0], x.shape[1], *args[:3])
+    assert chosen.startswith("router_") != two_launches(x.shape[0], w.shape[0]), chosen
     out = kimi_router_ops.ll_bf16_router(x, w, bias, *args)
     check_router(out, x, w, bias, *args)
     assert torch.equal(out[2], fused_rows_gemm(x, w, *args[:3]))
@@ -284,7 +285,8 @@ def test_more_than_eight_groups_of_32(m, n_group, topk_group, top_k):
     """Groups of exactly 32 experts take the fused kernel's shared-memory path, eight groups
     at a time: more than eight (and a last batch of fewer) must give the same answer."""
     x, w, bias = make_case(m, 32 * n_group, 1024, top_k, n_group, topk_group, device="cuda", seed=n_group + m)
-    assert kimi_router_ops.chosen_router_variant(m, 32 * n_group, 1024, top_k, n_group, topk_group).startswith("router_")
+    chosen = kimi_router_ops.chosen_router_variant(m, 32 * n_group, 1024, top_k, n_group, topk_group)
+    assert chosen.startswith("router_") != two_launches(m, 32 * n_group), chosen
     out = kimi_router_ops.ll_bf16_router(x, w, bias, top_k, n_group, topk_group, True, 1.5)
     check_router(out, x, w, bias, top_k, n_group, topk_group, True, 1.5)
 

@@ -43,25 +43,33 @@ bool launch_norm(const Tensor& x_in, const Tensor* residual_in, const Tensor& we
 
 Tensor rms_norm_cuda(const Tensor& x, const Tensor& weight, double eps) {
   check_norm_inputs("rms_norm", x, nullptr, weight, eps);
-  const DeviceGuard guard(x.get_device_index());
-  Tensor out = empty_on(x, {x.size(0), x.size(1)}, kBFloat16);
-  // rms_norm's kernel neither reads residual nor writes residual_out: x and out stand in.
-  return launch_norm(x, nullptr, weight, eps, out, out) ? out : rms_norm_reference(x, weight, eps);
+  return std::get<0>(norm_on_gpu(x, nullptr, weight, eps));
 }
 
 std::tuple<Tensor, Tensor> fused_add_rms_norm_cuda(const Tensor& x, const Tensor& residual,
                                                    const Tensor& weight, double eps) {
   check_norm_inputs("fused_add_rms_norm", x, &residual, weight, eps);
-  const DeviceGuard guard(x.get_device_index());
-  Tensor out = empty_on(x, {x.size(0), x.size(1)}, kBFloat16);
-  Tensor residual_out = empty_on(x, {x.size(0), x.size(1)}, kBFloat16);
-  if (launch_norm(x, &residual, weight, eps, out, residual_out)) {
-    return {out, residual_out};
-  }
-  return fused_add_rms_norm_reference(x, residual, weight, eps);
+  return norm_on_gpu(x, &residual, weight, eps);
 }
 
 }  // namespace
+
+std::tuple<Tensor, Tensor> norm_on_gpu(const Tensor& x, const Tensor* residual, const Tensor& weight,
+                                       double eps) {
+  const DeviceGuard guard(x.get_device_index());
+  Tensor out = empty_on(x, {x.size(0), x.size(1)}, kBFloat16);
+  if (residual == nullptr) {
+    // rms_norm's kernel neither reads residual nor writes residual_out: x and out stand in.
+    const Tensor normed =
+        launch_norm(x, nullptr, weight, eps, out, out) ? out : rms_norm_reference(x, weight, eps);
+    return {normed, normed};
+  }
+  Tensor residual_out = empty_on(x, {x.size(0), x.size(1)}, kBFloat16);
+  if (launch_norm(x, residual, weight, eps, out, residual_out)) {
+    return {out, residual_out};
+  }
+  return fused_add_rms_norm_reference(x, *residual, weight, eps);
+}
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
   m.impl("rms_norm", TORCH_BOX(&rms_norm_cuda));

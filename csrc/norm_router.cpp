@@ -1,0 +1,71 @@
+// The norm -> router fronts of the DeepSeek family (the RMSNorm in front of every MoE layer,
+// then its gate), one op each:
+//
+//   rms_norm_router(hidden_states, norm_weight, eps, router_weight, ...)
+//       = (normed, *router(normed, router_weight, ...)),  normed = rms_norm(hidden_states, ...)
+//   fused_add_rms_norm_router(hidden_states, residual, norm_weight, eps, router_weight, ...)
+//       = (normed, residual_out, *router(normed, ...)),
+//         (normed, residual_out) = fused_add_rms_norm(hidden_states, residual, ...)
+//
+// exactly the composition of the ops on the same device. The CPU runs the references; CUDA
+// (csrc/cuda/norm_router_cuda.cpp) runs one kernel, the fused router with the norm in its
+// prologue, where a NormRouter kernel serves the router row the router op would choose, and
+// the norm op's kernel, then the router op's, otherwise.
+
+#include "ll_bf16_gemm.h"
+#include "ll_bf16_router.h"
+#include "norm_router.h"
+#include "rms_norm.h"
+
+namespace kimi {
+
+void check_norm_router_inputs(const char* op, const Tensor& x, const Tensor* residual,
+                              const Tensor& norm_weight, double eps, const Tensor& w,
+                              const OptionalTensor& bias, const OptionalTensor& gate_bias,
+                              const RoutingParams& r) {
+  check_norm_inputs(op, x, residual, norm_weight, eps, "hidden_states", "norm_weight");
+  check_router_inputs(op, x, w, bias, gate_bias, r);
+}
+
+namespace {
+
+NormRouterOutputs norm_router_reference(const char* op, const Tensor& x, const Tensor* residual,
+                                        const Tensor& norm_weight, double eps, const Tensor& w,
+                                        const OptionalTensor& bias,
+                                        const OptionalTensor& gate_bias,
+                                        const RoutingParams& r) {
+  check_norm_router_inputs(op, x, residual, norm_weight, eps, w, bias, gate_bias, r);
+  Tensor normed, residual_out;
+  if (residual != nullptr) {
+    std::tie(normed, residual_out) = fused_add_rms_norm_reference(x, *residual, norm_weight, eps);
+  } else {
+    normed = residual_out = rms_norm_reference(x, norm_weight, eps);
+  }
+  const Tensor logits = gemm_reference(normed, w, gate_bias, kFloat);
+  auto [weights, ids] = routing_reference(logits, bias, r);
+  return {normed, residual_out, weights, ids, logits};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
+  m.def(
+      "rms_norm_router(Tensor hidden_states, Tensor norm_weight, float eps, "
+      "Tensor router_weight, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
+      "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
+      "str scoring=\"sigmoid\", Tensor? gate_bias=None, Tensor? input_ids=None, "
+      "Tensor? hash_table=None) "
+      "-> (Tensor normed, Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+  m.def(
+      "fused_add_rms_norm_router(Tensor hidden_states, Tensor residual, Tensor norm_weight, "
+      "float eps, Tensor router_weight, Tensor? e_score_correction_bias, int top_k, "
+      "int n_group=1, int topk_group=1, bool renormalize=True, "
+      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None, "
+      "Tensor? input_ids=None, Tensor? hash_table=None) "
+      "-> (Tensor normed, Tensor residual_out, Tensor topk_weights, Tensor topk_ids, "
+      "Tensor logits)");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) { NormRouterOps<norm_router_reference>::impl(m); }
+
+}  // namespace kimi
