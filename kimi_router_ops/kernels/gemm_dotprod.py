@@ -151,7 +151,7 @@ class GemmDotprod(GemmKernel):
             gate = gate_bias[0, cutlass.min(n_first + tidx % rows, n_count - 1)].to(Float32)
         if const_expr(norm is not None):
             # The norm in front (a NormRouter): each row's r, then normed vectors below; the
-            # first CTA of the experts writes them out.
+            # first CTA of the experts writes them out at its end.
             inverse = rms_norm.inverse_rms(norm, xv, m_first, m_count, tidx)
 
         for s in cutlass.range(n_steps, unroll=1):
@@ -165,8 +165,7 @@ class GemmDotprod(GemmKernel):
                 for m in cutlass.range_constexpr(max_m):
                     self._load_vec(xv[x_rows[m], (None, kv_clamped[u])], x_regs[None, m])
                     if const_expr(norm is not None):
-                        rms_norm.normalize(norm, x_regs[None, m], x_rows[m], kv_clamped[u], inverse[m],
-                                       (bidx == 0) & (kv[u] < kv_count) & (m_first + m < m_count))
+                        rms_norm.normalize(norm, x_regs[None, m], x_rows[m], kv_clamped[u], inverse[m])
                 if kv[u] >= kv_count:
                     # A clamped column: zero both operands (x may hold inf or NaN).
                     x_regs.fill(0.0)
@@ -199,3 +198,6 @@ class GemmDotprod(GemmKernel):
                 out[m_first + m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
                     handoff_buffer.publish(handoff, m_first + m, n_first + r, total, scoring)
+        if const_expr(norm is not None):
+            if bidx == 0:
+                rms_norm.write_out(norm, xv, m_first, m_count, tidx, inverse)

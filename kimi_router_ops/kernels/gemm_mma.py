@@ -121,19 +121,16 @@ class GemmMma(GemmKernel):
                 self._load_vec(wv[w_rows[i], (None, columns[u])], w_regs[None, u, i])
 
     @cute.jit
-    def _load_tokens(self, xv, x_regs, x_rows, columns, p, padding, norm=None, normed=None):
-        """Pass p's token blocks; with a norm in front, normed (`normed`: the inverse RMS of the
-        CTA's tokens in shared memory, this lane's token in a block, whether each block's token
-        exists and whether this CTA writes the normed rows out)."""
+    def _load_tokens(self, xv, x_regs, x_rows, columns, p, norm=None, inverse=None, g=None):
+        """Pass p's token blocks; with a norm in front, normed (`inverse`: the inverse RMS of
+        the CTA's tokens in shared memory; lane group g holds token g of a block)."""
         for u in cutlass.range_constexpr(self.unroll):
             for b in cutlass.range_constexpr(self.pass_blocks):
                 block = p * self.pass_blocks + b
                 self._load_vec(xv[x_rows[block], (None, columns[u])], x_regs[None, u, b])
                 if const_expr(norm is not None):
-                    inverse, local, exists, writer = normed
-                    store = writer & exists[block] & (cutlass.select_(padding[u], Int32(0), Int32(1)) != 0)
                     rms_norm.normalize(norm, x_regs[None, u, b], x_rows[block], columns[u],
-                                   inverse[TILE_T * block + local], store)
+                                       inverse[TILE_T * block + g])
 
     @cute.jit
     def _multiply(self, mma, w_regs, x_regs, a_frag, acc, padding, p):
@@ -241,15 +238,15 @@ class GemmMma(GemmKernel):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
         gates = self._load_gate_bias(gate_bias, has_gate_bias, rank, tidx, expert_first, n_count)
-        normed = None
+        inverse = None
         if const_expr(norm is not None):
             # The norm in front (a NormRouter): the r of each of the CTA's tokens, then each x
-            # vector normed as it loads; the first expert tile's cluster writes them out.
-            normed = (rms_norm.inverse_rms(norm, xv, token_first, m_count, tidx), g,
-                      [token_first + TILE_T * b + g < m_count for b in range(token_blocks)], tile == 0)
+            # vector normed as it loads; the first CTA of the first expert tile writes them out
+            # at its end.
+            inverse = rms_norm.inverse_rms(norm, xv, token_first, m_count, tidx)
         if const_expr(not self.prefetch):
             self._load_weights(wv, w_regs, w_rows, columns)
-        self._load_tokens(xv, x_regs, x_rows, columns, 0, padding, norm, normed)
+        self._load_tokens(xv, x_regs, x_rows, columns, 0, norm, inverse, g)
         if const_expr(self.pdl and self.trigger == "after_x"):
             # Safe this early: a dependent cannot read our output before its own wait returns,
             # which is after this grid has finished; meanwhile it can stream its weights.
@@ -260,13 +257,13 @@ class GemmMma(GemmKernel):
         # More passes: the step's weights stay in registers while the next tokens load (an
         # L2 round trip each, where more tokens at once would not fit in the registers).
         for p in cutlass.range_constexpr(1, self.passes):
-            self._load_tokens(xv, x_regs, x_rows, columns, p, padding, norm, normed)
+            self._load_tokens(xv, x_regs, x_rows, columns, p, norm, inverse, g)
             self._multiply(mma, w_regs, x_regs, a_frag, acc, padding, p)
         for s in cutlass.range(1, n_steps, unroll=1):
             columns, padding = self._step_columns(s, chunk_first, chunk_end, t, kv_count)
             self._load_weights(wv, w_regs, w_rows, columns)
             for p in cutlass.range_constexpr(self.passes):
-                self._load_tokens(xv, x_regs, x_rows, columns, p, padding, norm, normed)
+                self._load_tokens(xv, x_regs, x_rows, columns, p, norm, inverse, g)
                 self._multiply(mma, w_regs, x_regs, a_frag, acc, padding, p)
 
         # Reduction: CTA `rank` of the cluster finishes outputs [rank * share, (rank + 1) *
@@ -311,6 +308,9 @@ class GemmMma(GemmKernel):
                 if has_gate_bias != 0:
                     total = total + gates[p]
                 self._store(out, handoff, scoring, idx, total, token_first, expert_first, m_count, n_count)
+        if const_expr(norm is not None):
+            if (tile == 0) & (rank == 0):
+                rms_norm.write_out(norm, xv, token_first, m_count, tidx, inverse)
 
     @cute.jit
     def _load_gate_bias(self, gate_bias, has_gate_bias, rank, tidx, expert_first, n_count):

@@ -151,17 +151,18 @@ class NormPrologue:
     Each group of `threads` threads (the norm kernel's own count, variants.NORM_KERNELS) sums a
     row's squares as that kernel does: thread t adds the 16-byte vectors t, t + threads, ...
     in order, element by element, then warp shuffles and the warps' partials in warp order, so
-    r, and with it every normed element, is the norm op's bit for bit. A kernel of more
-    threads norms several rows at once (group g takes rows g, g + groups, ...). The GEMM body
-    then passes each x vector it loads through `normalize`, which also writes it out where
-    the body says (one CTA of the grid writes each vector once)."""
+    r, and with it every normed element, is the norm op's bit for bit. Its steps load `unroll`
+    vectors a thread at once (one memory round trip a step; the order of the sums does not
+    depend on the step size). A kernel of more threads norms several rows at once (group g
+    takes rows g, g + groups, ...). The GEMM body then passes each x vector it loads through
+    `normalize`, and one CTA of the grid writes the normed rows out at its end (`write_out`)."""
 
-    def __init__(self, add_residual: bool, threads: int, tokens: int, kernel_threads: int):
+    def __init__(self, add_residual: bool, threads: int, tokens: int, kernel_threads: int, unroll: int = 8):
         if kernel_threads % threads != 0:
             raise ValueError(f"a kernel of {kernel_threads} threads cannot hold groups of {threads}")
-        self.norm = RmsNorm(8, add_residual, threads, unroll=1)
+        self.norm = RmsNorm(8, add_residual, threads, unroll)
         self.add_residual = add_residual
-        self.threads, self.tokens = threads, tokens
+        self.threads, self.tokens, self.unroll = threads, tokens, unroll
         self.groups = kernel_threads // threads
         self.warps = threads // cute.arch.WARP_SIZE
 
@@ -176,36 +177,31 @@ class NormPrologue:
     def inverse_rms(self, xv, rv, first_row, m_count, tidx, eps: Float32):
         """1 / sqrt(mean(s^2) + eps) of rows first_row ... first_row + tokens - 1 (clamped to
         the last row), in shared memory, visible to every thread of the CTA on return."""
-        threads, tokens, warps = self.threads, self.tokens, self.warps
+        threads, tokens, warps, unroll = self.threads, self.tokens, self.warps, self.unroll
         smem = cutlass.utils.SmemAllocator()
         partials = smem.allocate_tensor(Float32, cute.make_layout((tokens, warps), stride=(warps, 1)), 16)
         inverse = smem.allocate_tensor(Float32, cute.make_layout(tokens), 16)
         kv_count = cute.size(xv.shape[1][1])
+        n_steps = (kv_count + threads * unroll - 1) // (threads * unroll)
+        lane = cute.arch.lane_idx()
+        x_regs = cute.make_rmem_tensor((8, unroll), cutlass.BFloat16)
+        r_regs = cute.make_rmem_tensor((8, unroll), cutlass.BFloat16)
         group = tidx // threads
         t = tidx - group * threads
-        lane = cute.arch.lane_idx()
         warp = t // cute.arch.WARP_SIZE
-        x_regs = cute.make_rmem_tensor((8, 1), cutlass.BFloat16)
-        r_regs = cute.make_rmem_tensor((8, 1), cutlass.BFloat16)
-        n_vecs = (kv_count + threads - 1) // threads
         for m in cutlass.range_constexpr(tokens):
             if group == m % self.groups:
                 row = cutlass.min(first_row + m, m_count - 1)
                 sum_sq = Float32(0.0)
-                # The vectors in the norm kernel's order (its steps of `unroll` vectors a
-                # thread are vectors j = s * unroll + u of this walk); clamped loads, so the
-                # compiler may issue several at once (half as many with the residual's: the
-                # GEMM's prefetched weights hold most registers).
-                for j in cutlass.range(n_vecs, unroll=4 if self.add_residual else 8):
-                    kv = j * threads + t
-                    column = cutlass.min(kv, kv_count - 1)
-                    self.norm._copy(xv[row, (None, column)], x_regs[None, 0])
-                    if const_expr(self.add_residual):
-                        self.norm._copy(rv[row, (None, column)], r_regs[None, 0])
-                    v = self.norm._summed(x_regs, r_regs, 0)
-                    if kv < kv_count:
-                        for e in cutlass.range_constexpr(8):
-                            sum_sq = sum_sq + v[e] * v[e]
+                # The norm kernel's loop (kernels/rms_norm.py), step for step.
+                for s in cutlass.range(n_steps, unroll=1):
+                    kv, columns = self.norm._step_columns(s, t, kv_count)
+                    self.norm._load_row(xv, rv, row, columns, x_regs, r_regs)
+                    for u in cutlass.range_constexpr(unroll):
+                        if kv[u] < kv_count:
+                            v = self.norm._summed(x_regs, r_regs, u)
+                            for e in cutlass.range_constexpr(8):
+                                sum_sq = sum_sq + v[e] * v[e]
                 warp_sum = cute.arch.warp_reduction_sum(sum_sq)
                 if lane == 0:
                     partials[m, warp] = warp_sum
@@ -219,9 +215,9 @@ class NormPrologue:
         return inverse
 
     @cute.jit
-    def normalize(self, x_vec, rv, wv, ov, rov, row, column, r: Float32, store):
+    def normalize(self, x_vec, rv, wv, row, column, r: Float32):
         """x_vec (8 bf16 of row `row`, vector `column`, in registers) made the normed vector,
-        in place; where `store`, also written to normed (and s to residual_out)."""
+        in place. No branches: the body's loads stay in flight together."""
         s = x_vec.load().to(Float32)
         s_regs = cute.make_rmem_tensor((8,), cutlass.BFloat16)
         w_regs = cute.make_rmem_tensor((8,), cutlass.BFloat16)
@@ -230,17 +226,43 @@ class NormPrologue:
             s = (s + s_regs.load().to(Float32)).to(cutlass.BFloat16).to(Float32)
         self.norm._copy(wv[0, (None, column)], w_regs)
         x_vec.store(((s * r) * w_regs.load().to(Float32)).to(cutlass.BFloat16))
-        if store:
-            self.norm._copy(x_vec, ov[row, (None, column)])
-            if const_expr(self.add_residual):
-                s_regs.store(s.to(cutlass.BFloat16))
-                self.norm._copy(s_regs, rov[row, (None, column)])
+
+    @cute.jit
+    def write_out(self, xv, rv, wv, ov, rov, first_row, m_count, tidx, inverse):
+        """normed (and residual_out) of the rows that exist, by the CTA the body names, after
+        its own stores: the rows again from L1 or L2, each vector once."""
+        threads, unroll = self.threads, self.unroll
+        kv_count = cute.size(xv.shape[1][1])
+        n_steps = (kv_count + threads * unroll - 1) // (threads * unroll)
+        x_regs = cute.make_rmem_tensor((8, unroll), cutlass.BFloat16)
+        r_regs = cute.make_rmem_tensor((8, unroll), cutlass.BFloat16)
+        o_regs = cute.make_rmem_tensor((8, unroll), cutlass.BFloat16)
+        w_regs = cute.make_rmem_tensor((8, unroll), cutlass.BFloat16)
+        group = tidx // threads
+        t = tidx - group * threads
+        for m in cutlass.range_constexpr(self.tokens):
+            if group == m % self.groups and first_row + m < m_count:
+                row = first_row + m
+                r = inverse[m]
+                for s in cutlass.range(n_steps, unroll=1):
+                    kv, columns = self.norm._step_columns(s, t, kv_count)
+                    self.norm._load_row(xv, rv, row, columns, x_regs, r_regs)
+                    for u in cutlass.range_constexpr(unroll):
+                        self.norm._copy(wv[0, (None, columns[u])], w_regs[None, u])
+                    for u in cutlass.range_constexpr(unroll):
+                        if kv[u] < kv_count:
+                            v = self.norm._summed(x_regs, r_regs, u)
+                            o_regs[None, u].store(((v * r) * w_regs[None, u].load().to(Float32)).to(cutlass.BFloat16))
+                            self.norm._copy(o_regs[None, u], ov[row, (None, kv[u])])
+                            if const_expr(self.add_residual):
+                                o_regs[None, u].store(v.to(cutlass.BFloat16))
+                                self.norm._copy(o_regs[None, u], rov[row, (None, kv[u])])
 
 
 class NormInput:
     """A NormPrologue bound to one call's tensors: what a GEMM body takes as `norm` (and hands
-    to inverse_rms and normalize below: a method call on it inside a run-time loop would
-    make CuTe DSL carry it through the loop)."""
+    to the functions below: a method call on it inside a run-time loop would make CuTe DSL
+    carry it through the loop)."""
 
     def __init__(self, prologue: NormPrologue, rv, wv, ov, rov, eps):
         self.prologue, self.rv, self.wv, self.ov, self.rov, self.eps = prologue, rv, wv, ov, rov, eps
@@ -250,5 +272,9 @@ def inverse_rms(norm: NormInput, xv, first_row, m_count, tidx):
     return norm.prologue.inverse_rms(xv, norm.rv, first_row, m_count, tidx, norm.eps)
 
 
-def normalize(norm: NormInput, x_vec, row, column, r, store):
-    norm.prologue.normalize(x_vec, norm.rv, norm.wv, norm.ov, norm.rov, row, column, r, store)
+def normalize(norm: NormInput, x_vec, row, column, r):
+    norm.prologue.normalize(x_vec, norm.rv, norm.wv, row, column, r)
+
+
+def write_out(norm: NormInput, xv, first_row, m_count, tidx, inverse):
+    norm.prologue.write_out(xv, norm.rv, norm.wv, norm.ov, norm.rov, first_row, m_count, tidx, inverse)
