@@ -7,10 +7,8 @@
 //       = (normed, residual_out, *router(normed, ...)),
 //         (normed, residual_out) = fused_add_rms_norm(hidden_states, residual, ...)
 //
-// exactly the composition of the ops on the same device. The CPU runs the references; CUDA
-// (csrc/cuda/norm_router_cuda.cpp) runs one kernel, the fused router with the norm in its
-// prologue, where a NormRouter kernel serves the router row the router op would choose, and
-// the norm op's kernel, then the router op's, otherwise.
+// exactly the composition of the ops on the same device: the CPU runs the references, CUDA
+// (csrc/cuda/norm_router_cuda.cpp) the norm op's kernel, then the router op's dispatch.
 
 #include "ll_bf16_gemm.h"
 #include "ll_bf16_router.h"

@@ -354,10 +354,8 @@ def rms_norm_router(hidden_states: Tensor, norm_weight: Tensor, eps: float, rout
     `rms_norm(hidden_states, norm_weight, eps)`, then `router(normed, router_weight, ...)`.
 
     Returns (normed bf16 [M, K], topk_weights, topk_ids, logits), each exactly what the two ops
-    give on the same device. On sm_90 / sm_100 one kernel where the router op would run a
-    fused router kernel (bf16 gate, fp32 or no score-correction bias, 16-byte aligned rows):
-    every CTA norms its tokens' rows and multiplies the normed vectors as it loads them;
-    elsewhere the norm op's kernel, then the router op's."""
+    give on the same device: on a GPU the norm op's PDL kernel, then the router op's dispatch
+    (one op for an engine to call; docs/kernel-notes.md says why not one kernel)."""
     return _ops.rms_norm_router.default(hidden_states, norm_weight, eps, router_weight, e_score_correction_bias,
                                         _required(top_k, "rms_norm_router"), n_group, topk_group, renormalize,
                                         routed_scaling_factor, scoring, gate_bias, input_ids, hash_table)

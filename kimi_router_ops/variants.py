@@ -399,32 +399,6 @@ NORM_KERNELS = tuple(NormKernel(op, vec) for op in ("rms_norm", "fused_add_rms_n
 
 
 @dataclass(frozen=True)
-class NormRouterKernel:
-    """A norm -> router front in one launch (kernels/router_fused.py, NormRouter): the fused
-    router row `router` with the norm `op` (rms_norm or fused_add_rms_norm) in its prologue,
-    summing each row as the norm op's 16-byte kernel does (its threads), so that the normed
-    rows are that op's bit for bit. Compiled for fp32 score-correction biases (or none)."""
-
-    router: RouterVariant
-    op: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.op}_{self.router.name}"
-
-    @property
-    def norm_threads(self) -> int:
-        return next(k.threads for k in NORM_KERNELS if k.op == self.op and k.vec == 8)
-
-
-# Every fused router row of bf16 weights, with each norm: a call the router op would route
-# through one of them takes its twin; any other call takes the norm op, then the router op.
-_BF16_GEMMS = {row.name for row in ALL_VARIANTS if row.kernel.weight_dtype == "bfloat16"}
-NORM_ROUTER_KERNELS = tuple(NormRouterKernel(row, op) for row in ROUTER_VARIANTS if row.gemm in _BF16_GEMMS
-                            for op in ("rms_norm", "fused_add_rms_norm"))
-
-
-@dataclass(frozen=True)
 class AttnResKernel:
     """Kimi-K3's AttnRes producer (kernels/attn_res.py): one token over a cluster of
     `cluster` CTAs of `threads` threads, one 16-byte vector of the hidden size a thread (so

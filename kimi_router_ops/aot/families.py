@@ -184,39 +184,6 @@ def _compile_router(k):
     return router_object(k.row), tensors
 
 
-# -- the norm -> router fronts --------------------------------------------------------------
-
-
-def _norm_router_kernels(arch, sm):
-    return [Kernel("NormRouter", row, arch, sm, f"kimi_{row.name}_{arch}", bias_dtype="float32")
-            for row in v.NORM_ROUTER_KERNELS]
-
-
-def _compile_norm_router(k):
-    import cutlass.cute as cute
-
-    from ..kernels.router_fused import NormRouter
-
-    row = k.row.router
-    router, tensors = _compile_router(Kernel("Router", row, k.arch, k.sm, k.symbol, bias_dtype=k.bias_dtype))
-    m, kk = tensors["x"].shape
-    tensors.update(residual=_bf16_rows(m, kk), norm_weight=_bf16_rows(cute.sym_int32(symbol="ONE"), kk),
-                   normed=_bf16_rows(m, kk), residual_out=_bf16_rows(m, kk))
-    kernel = NormRouter(router.gemm, n_max=row.n_max, add_residual=k.row.op == "fused_add_rms_norm",
-                        norm_threads=k.row.norm_threads, exclusive=row.exclusive,
-                        bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher)
-    return kernel, tensors
-
-
-def _bf16_rows(rows, k):
-    """A fake bf16 [rows, K] tensor of 16-byte vectors: K and the row stride multiples of 8."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    return make_fake_tensor(cutlass.BFloat16, (rows, k), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
-
-
 # -- the gate and a projection -------------------------------------------------------------
 
 
@@ -324,12 +291,6 @@ FAMILIES = (
            (("int", "router", lambda k: _index(v.ROUTER_VARIANTS, k.row)),
             ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.bias_dtype])),
            _router_kernels, _compile_router),
-    Family("NormRouter", _params("x residual norm_weight normed residual_out w gate_bias bias logits weights ids "
-                                 "handoff input_ids hash_table counts:tensor eps:float32 routing:routing "
-                                 "has_gate_bias:int32"),
-           (("int", "router", lambda k: _index(v.ROUTER_VARIANTS, k.row.router)),
-            ("bool", "add_residual", lambda k: str(k.row.op == "fused_add_rms_norm").lower())),
-           _norm_router_kernels, _compile_norm_router),
     Family("Projection", _params("x w gate_bias logits p projection:tensor has_gate_bias ctas:int32"),
            (("int", "m_lo", lambda k: str(k.row.m_lo)), ("int", "m_hi", lambda k: str(k.row.m_hi)),
             ("int", "ctas_per_sm", lambda k: str(k.row.ctas_per_sm)), ("int64_t", "max_k", lambda k: str(k.row.max_k))),

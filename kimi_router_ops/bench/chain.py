@@ -14,7 +14,7 @@ Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_re
 kernels named with --gemms, vLLM 0.33's `ll_bf16` where its peer is built (as shipped, and
 at M = 1 its default kernel without the prefetch),
 `ll_bf16_router`, `ll_bf16_gemm` then `moe_routing`, behind a norm the norm and router in one op
-(`rms_norm_router`, `fused_add_rms_norm_router`: "router, norm fused in"), `router_out` into an engine's buffers
+(`rms_norm_router`, `fused_add_rms_norm_router`: "norm + router in one op"), `router_out` into an engine's buffers
 (int64 ids, expert counts) and `router` in batch-invariant mode; for DeepSeek-V4's shapes also the
 router without a bias, the router of a hash-routed layer (ids from a token table) and vLLM
 0.33's pipeline where its peers are built (kimi_router_ops/bench/peers.py): its gate GEMM
@@ -154,10 +154,10 @@ def run(shapes, m_list, replays, producer_names=None, gemms=()):
                         "back_to_back": round(graph_time_us(calls, replays=replays), 3),
                     })
                 front = norm_fronts(m, CONFIGS[shape]).get(producer_name)
-                if front:  # the norm and the router in one op
+                if front:  # the norm and the router as one op
                     calls = [lambda w=w, b=b: front(w, b) for w, b in zip(weights, biases)]
                     results.append({
-                        "shape": shape, "M": m, "producer": producer_name, "consumer": "router, norm fused in",
+                        "shape": shape, "M": m, "producer": producer_name, "consumer": "norm + router in one op",
                         "after_layer": after_layer_us(calls),
                         "back_to_back": round(graph_time_us(calls, replays=replays), 3),
                     })

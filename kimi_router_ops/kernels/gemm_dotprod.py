@@ -26,7 +26,6 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
 from . import handoff as handoff_buffer
-from . import rms_norm
 from .common import GemmKernel, store_warp_sums, strided_columns, sum_of_warps
 
 
@@ -95,7 +94,7 @@ class GemmDotprod(GemmKernel):
 
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
-             has_gate_bias: Int32, handoff=None, scoring=None, expert_block=None, norm=None):
+             has_gate_bias: Int32, handoff=None, scoring=None, expert_block=None):
         # Compile-time values.
         max_m, rows, unroll, vec = self.max_m, self.rows_per_cta, self.unroll, self.vec
         threads, num_warps = self.threads, self.num_warps
@@ -149,10 +148,6 @@ class GemmDotprod(GemmKernel):
         gate = Float32(0.0)
         if has_gate_bias != 0:
             gate = gate_bias[0, cutlass.min(n_first + tidx % rows, n_count - 1)].to(Float32)
-        if const_expr(norm is not None):
-            # The norm in front (a NormRouter): each row's r, then normed vectors below; the
-            # first CTA of the experts writes them out at its end.
-            inverse = rms_norm.inverse_rms(norm, xv, m_first, m_count, tidx)
 
         for s in cutlass.range(n_steps, unroll=1):
             kv, kv_clamped = self._step_columns(s, tidx, kv_count)
@@ -164,8 +159,6 @@ class GemmDotprod(GemmKernel):
             for u in cutlass.range_constexpr(unroll):
                 for m in cutlass.range_constexpr(max_m):
                     self._load_vec(xv[x_rows[m], (None, kv_clamped[u])], x_regs[None, m])
-                    if const_expr(norm is not None):
-                        rms_norm.normalize(norm, x_regs[None, m], x_rows[m], kv_clamped[u], inverse[m])
                 if kv[u] >= kv_count:
                     # A clamped column: zero both operands (x may hold inf or NaN).
                     x_regs.fill(0.0)
@@ -198,6 +191,3 @@ class GemmDotprod(GemmKernel):
                 out[m_first + m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
                     handoff_buffer.publish(handoff, m_first + m, n_first + r, total, scoring)
-        if const_expr(norm is not None):
-            if bidx == 0:
-                rms_norm.write_out(norm, xv, m_first, m_count, tidx, inverse)

@@ -33,7 +33,6 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from . import handoff as handoff_buffer
-from . import rms_norm
 from .common import GemmKernel
 
 TILE_E = 16  # experts per MMA (its M)
@@ -121,16 +120,11 @@ class GemmMma(GemmKernel):
                 self._load_vec(wv[w_rows[i], (None, columns[u])], w_regs[None, u, i])
 
     @cute.jit
-    def _load_tokens(self, xv, x_regs, x_rows, columns, p, norm=None, inverse=None, g=None):
-        """Pass p's token blocks; with a norm in front, normed (`inverse`: the inverse RMS of
-        the CTA's tokens in shared memory; lane group g holds token g of a block)."""
+    def _load_tokens(self, xv, x_regs, x_rows, columns, p):
+        """Pass p's token blocks."""
         for u in cutlass.range_constexpr(self.unroll):
             for b in cutlass.range_constexpr(self.pass_blocks):
-                block = p * self.pass_blocks + b
-                self._load_vec(xv[x_rows[block], (None, columns[u])], x_regs[None, u, b])
-                if const_expr(norm is not None):
-                    rms_norm.normalize(norm, x_regs[None, u, b], x_rows[block], columns[u],
-                                       inverse[TILE_T * block + g])
+                self._load_vec(xv[x_rows[p * self.pass_blocks + b], (None, columns[u])], x_regs[None, u, b])
 
     @cute.jit
     def _multiply(self, mma, w_regs, x_regs, a_frag, acc, padding, p):
@@ -169,7 +163,7 @@ class GemmMma(GemmKernel):
 
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
-             has_gate_bias: Int32, handoff=None, scoring=None, expert_block=None, norm=None):
+             has_gate_bias: Int32, handoff=None, scoring=None, expert_block=None):
         # Compile-time values.
         unroll, tiles, token_blocks, warps = self.unroll, self.tiles, self.token_blocks, self.warps
         threads, experts, outputs, cluster_k = self.threads, self.experts, self.outputs, self.cluster_k
@@ -238,15 +232,9 @@ class GemmMma(GemmKernel):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
         gates = self._load_gate_bias(gate_bias, has_gate_bias, rank, tidx, expert_first, n_count)
-        inverse = None
-        if const_expr(norm is not None):
-            # The norm in front (a NormRouter): the r of each of the CTA's tokens, then each x
-            # vector normed as it loads; the first CTA of the first expert tile writes them out
-            # at its end.
-            inverse = rms_norm.inverse_rms(norm, xv, token_first, m_count, tidx)
         if const_expr(not self.prefetch):
             self._load_weights(wv, w_regs, w_rows, columns)
-        self._load_tokens(xv, x_regs, x_rows, columns, 0, norm, inverse, g)
+        self._load_tokens(xv, x_regs, x_rows, columns, 0)
         if const_expr(self.pdl and self.trigger == "after_x"):
             # Safe this early: a dependent cannot read our output before its own wait returns,
             # which is after this grid has finished; meanwhile it can stream its weights.
@@ -257,13 +245,13 @@ class GemmMma(GemmKernel):
         # More passes: the step's weights stay in registers while the next tokens load (an
         # L2 round trip each, where more tokens at once would not fit in the registers).
         for p in cutlass.range_constexpr(1, self.passes):
-            self._load_tokens(xv, x_regs, x_rows, columns, p, norm, inverse, g)
+            self._load_tokens(xv, x_regs, x_rows, columns, p)
             self._multiply(mma, w_regs, x_regs, a_frag, acc, padding, p)
         for s in cutlass.range(1, n_steps, unroll=1):
             columns, padding = self._step_columns(s, chunk_first, chunk_end, t, kv_count)
             self._load_weights(wv, w_regs, w_rows, columns)
             for p in cutlass.range_constexpr(self.passes):
-                self._load_tokens(xv, x_regs, x_rows, columns, p, norm, inverse, g)
+                self._load_tokens(xv, x_regs, x_rows, columns, p)
                 self._multiply(mma, w_regs, x_regs, a_frag, acc, padding, p)
 
         # Reduction: CTA `rank` of the cluster finishes outputs [rank * share, (rank + 1) *
@@ -308,9 +296,6 @@ class GemmMma(GemmKernel):
                 if has_gate_bias != 0:
                     total = total + gates[p]
                 self._store(out, handoff, scoring, idx, total, token_first, expert_first, m_count, n_count)
-        if const_expr(norm is not None):
-            if (tile == 0) & (rank == 0):
-                rms_norm.write_out(norm, xv, token_first, m_count, tidx, inverse)
 
     @cute.jit
     def _load_gate_bias(self, gate_bias, has_gate_bias, rank, tidx, expert_first, n_count):

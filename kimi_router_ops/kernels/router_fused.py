@@ -21,7 +21,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from . import handoff as handoff_buffer
-from .rms_norm import NormInput, NormPrologue
 from .routing import WARP, WarpRouting
 
 EXCLUSIVE_SMEM = 120 * 1024  # more than half of an H200's or B200's 228 KiB per SM
@@ -68,20 +67,9 @@ class FusedRouter(WarpRouting):
         stream: cuda.CUstream,
     ):
         xv, wv = self.gemm.vector_views(x, w)
-        shape, ctas_per_sm = self._launch_shape(w.shape[0], x.shape[0])
-        self.kernel(
-            xv, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table, counts,
-            top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, ids_words, table_words,
-            shared_experts, shared_weight, id_words, has_counts,
-            has_gate_bias,
-        ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
-                 min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
-
-    def _launch_shape(self, n, m, extra_smem: int = 0):
-        """Grid, block and shared memory, and the CTAs an SM to ask for."""
-        shape = self.gemm.launch_shape(n, m)
+        shape = self.gemm.launch_shape(w.shape[0], x.shape[0])
         # The routing's scratch, after the GEMM's own shared memory.
-        shape["smem"] += self.scratch_bytes() + extra_smem
+        shape["smem"] += self.scratch_bytes()
         # As many CTAs per SM as the GEMM kernel alone gets: the routing's registers must not
         # lower the GEMM's occupancy (with 32 experts a lane they would halve the dot
         # product's, and Kimi-K3's 224 CTAs would run in two waves). Unless exclusive: then
@@ -90,10 +78,16 @@ class FusedRouter(WarpRouting):
         # SM. The carveout is the driver default; naming it keeps the build from querying a
         # GPU.
         ctas_per_sm = self.ctas_per_sm
-        if self.exclusive:
+        if const_expr(self.exclusive):
             shape["smem"] = max(shape["smem"], EXCLUSIVE_SMEM)
             ctas_per_sm = 1
-        return shape, ctas_per_sm
+        self.kernel(
+            xv, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table, counts,
+            top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, ids_words, table_words,
+            shared_experts, shared_weight, id_words, has_counts,
+            has_gate_bias,
+        ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
+                 min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
 
     @cute.kernel
     def kernel(
@@ -106,21 +100,10 @@ class FusedRouter(WarpRouting):
         shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
         has_gate_bias: Int32,
     ):
-        self._gemm_then_route(
-            xv, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table, counts,
-            top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, ids_words, table_words,
-            shared_experts, shared_weight, id_words, has_counts, has_gate_bias, None)
-
-    @cute.jit
-    def _gemm_then_route(
-        self, xv, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table, counts,
-        top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, ids_words, table_words,
-        shared_experts, shared_weight, id_words, has_counts, has_gate_bias, norm,
-    ):
         if const_expr(self.bias_prefetch):
             if has_bias != 0:
                 self._prefetch_bias(bias, handoff.shape[0])
-        self.gemm.body(xv, wv, gate_bias, logits, has_gate_bias, handoff, scoring, norm=norm)
+        self.gemm.body(xv, wv, gate_bias, logits, has_gate_bias, handoff, scoring)
         if const_expr(self.at_publisher and self.gemm.experts < WARP):
             # A warp finishes more than one token: the others' routing warps poll only once
             # it has published them.
@@ -185,62 +168,3 @@ class FusedRouter(WarpRouting):
             pending = pending | (values[j].bitcast(Int32) == Int32(handoff_buffer.EMPTY))
         return pending
 
-
-
-class NormRouter(FusedRouter):
-    """The fused router with rms_norm or fused_add_rms_norm in front, in the same grid (the
-    norm -> router fronts): every CTA norms the rows of its own tokens (kernels/rms_norm.py,
-    NormPrologue: the norm op's sums in its order, so `normed` is that op's, bit for bit) and
-    multiplies the normed vectors as it loads them; the CTAs of the first experts write normed
-    (and residual_out) on the way. Then the fused router's routing, unchanged."""
-
-    def __init__(self, gemm, n_max: int, add_residual: bool, norm_threads: int, **flags):
-        super().__init__(gemm, n_max, **flags)
-        tokens = gemm.tokens if hasattr(gemm, "tokens") else gemm.max_m
-        self.prologue = NormPrologue(add_residual, norm_threads, tokens, gemm.threads)
-
-    @cute.jit
-    def __call__(
-        self,
-        x: cute.Tensor,  # [M, K] bf16, the norm's input
-        residual: cute.Tensor,  # [M, K] bf16; read only if add_residual
-        norm_weight: cute.Tensor,  # [1, K] bf16
-        normed: cute.Tensor,  # [M, K] bf16, out: the router's hidden states
-        residual_out: cute.Tensor,  # [M, K] bf16, out: bf16(x + residual); written only if add_residual
-        w: cute.Tensor, gate_bias: cute.Tensor, bias: cute.Tensor, logits: cute.Tensor,
-        weights: cute.Tensor, ids: cute.Tensor, handoff: cute.Tensor, input_ids: cute.Tensor,
-        hash_table: cute.Tensor, counts: cute.Tensor,  # as FusedRouter's
-        eps: Float32,
-        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
-        has_bias: Int32, scoring: Int32, scaling: Float32,
-        ids_words: Int32, table_words: Int32,
-        shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
-        has_gate_bias: Int32,
-        stream: cuda.CUstream,
-    ):
-        xv, wv = self.gemm.vector_views(x, w)
-        rv, nwv, ov, rov = self.prologue.views(residual, norm_weight, normed, residual_out)
-        shape, ctas_per_sm = self._launch_shape(w.shape[0], x.shape[0], self.prologue.smem_bytes())
-        self.norm_kernel(
-            xv, rv, nwv, ov, rov, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table,
-            counts, eps, top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, ids_words,
-            table_words, shared_experts, shared_weight, id_words, has_counts, has_gate_bias,
-        ).launch(**shape, stream=stream, use_pdl=self.gemm.pdl,
-                 min_blocks_per_mp=ctas_per_sm, preferred_smem_carveout=-1)
-
-    @cute.kernel
-    def norm_kernel(
-        self, xv: cute.Tensor, rv: cute.Tensor, nwv: cute.Tensor, ov: cute.Tensor, rov: cute.Tensor,
-        wv: cute.Tensor, gate_bias: cute.Tensor, bias: cute.Tensor, logits: cute.Tensor, weights: cute.Tensor,
-        ids: cute.Tensor, handoff: cute.Tensor, input_ids: cute.Tensor, hash_table: cute.Tensor,
-        counts: cute.Tensor, eps: Float32,
-        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,
-        has_bias: Int32, scoring: Int32, scaling: Float32, ids_words: Int32, table_words: Int32,
-        shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
-        has_gate_bias: Int32,
-    ):
-        self._gemm_then_route(
-            xv, wv, gate_bias, bias, logits, weights, ids, handoff, input_ids, hash_table, counts,
-            top_k, n_group, topk_group, renormalize, has_bias, scoring, scaling, ids_words, table_words,
-            shared_experts, shared_weight, id_words, has_counts, has_gate_bias,
-            NormInput(self.prologue, rv, nwv, ov, rov, eps))
