@@ -124,6 +124,9 @@ def _f32w(name, tokens, rows, unroll, threads, tiles=False):
 # Why each knob is set as it is: docs/kernel-notes.md.
 VARIANTS = (
     _dotprod("m1_prefetch_r4_t256", 1, rows=4, unroll=4, threads=256),  # M = 1
+    # M = 1 for Kimi-K2's 384 experts: one expert a CTA, the same sums as r4 (each row's are
+    # its own), faster after the layer (docs/benchmarks.md).
+    _dotprod("m1_prefetch_r1_t256", 1, rows=1, unroll=4, threads=256),
     _mma("mma8_t2c4w8u7", 8, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 2..8: 7 chunks a warp at K = 7168
     _mma("mma16_t2c4w8u7", 16, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 9..16
     _mma("mma16_t2c4w8u7_before_wait", 16, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
@@ -166,7 +169,6 @@ LAB_VARIANTS = (
     # expert (the r4 grid leaves SMs with one CTA beside SMs with two).
     _dotprod("m1_prefetch_r1_t128", 1, rows=1, unroll=7),
     _dotprod("m1_prefetch_r2_t128", 1, rows=2, unroll=7),
-    _dotprod("m1_prefetch_r1_t256", 1, rows=1, unroll=4, threads=256),
     _dotprod("m1_prefetch_r2_t256", 1, rows=2, unroll=4, threads=256),
     _dotprod("m1_r1_t128", 1, rows=1, unroll=7, prefetch=False),
     _mma("mma8_t2c4w8u7_noprefetch", 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
@@ -199,6 +201,7 @@ def _f32w_choice(name, m_lo, m_hi, **bounds):
 # The automatic choice, first match wins; each line was the fastest on an H200 where it
 # applies (docs/benchmarks.md). Problems no line takes go to cuBLAS.
 CHOICES = (
+    Choice("m1_prefetch_r1_t256", 1, 1, n_min=257, n_max=384, k_min=7168, k_max=7168),
     Choice("m1_prefetch_r4_t256", 1, 1),
     Choice("mma8_t2c4w8u8", 2, 8, k_min=7169, k_max=8192),  # u7 takes two steps there
     Choice("mma8_t1c4w8u7", 2, 8, n_max=128),
