@@ -29,6 +29,10 @@ from . import handoff as handoff_buffer
 from .common import GemmKernel, store_warp_sums, strided_columns, sum_of_warps
 
 
+# The most registers a thread gives to one step's x; more tokens load x a vector at a time.
+X_STEP_REGISTERS = 32
+
+
 class GemmDotprod(GemmKernel):
     """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
 
@@ -89,6 +93,14 @@ class GemmDotprod(GemmKernel):
             for r in cutlass.range_constexpr(self.rows_per_cta):
                 self._load_vec(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r])
 
+    @cute.jit
+    def _load_x(self, xv, x_regs, x_rows, columns, only_u: cutlass.Constexpr = -1):
+        """x's vectors at the step's columns (only column only_u's into slot 0, if given)."""
+        for u in cutlass.range_constexpr(self.unroll):
+            if const_expr(only_u < 0 or u == only_u):
+                for m in cutlass.range_constexpr(self.max_m):
+                    self._load_vec(xv[x_rows[m], (None, columns[u])], x_regs[None, 0 if only_u >= 0 else u, m])
+
     def _step_columns(self, s, tidx, kv_count):
         return strided_columns(s, tidx, kv_count, self.threads, self.unroll)
 
@@ -119,7 +131,11 @@ class GemmDotprod(GemmKernel):
         acc = cute.make_rmem_tensor((max_m, rows), Float32)
         acc.fill(0.0)
         w_regs = cute.make_rmem_tensor((vec, unroll, rows), self.weight_dtype)
-        x_regs = cute.make_rmem_tensor((vec, max_m), self.x_dtype)
+        # x of a whole step in registers where it fits (X_STEP_REGISTERS), so all of the step's
+        # x loads go out at once after the wait: loaded a vector at a time, the compiler sinks
+        # each next to its multiplies and x's cold reads become one round trip after another.
+        x_step = max_m * unroll * vec * self.x_dtype.width <= 32 * X_STEP_REGISTERS
+        x_regs = cute.make_rmem_tensor((vec, unroll if x_step else 1, max_m), self.x_dtype)
 
         # Rows past N are clamped to N - 1: loaded, summed, never stored.
         w_rows = [cutlass.min(n_first + r, n_count - 1) for r in range(rows)]
@@ -128,10 +144,10 @@ class GemmDotprod(GemmKernel):
         if const_expr(self.pdl and self.trigger == "at_entry"):
             # As safe as later (below); the next kernel's CTAs start before our weight loads.
             cute.arch.griddepcontrol_launch_dependents()
+        _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
         if const_expr(self.prefetch):
             # W does not depend on the kernel before us: issue the first step's weight loads
             # now, so they travel from HBM while we wait for hidden_states to be written.
-            _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
             self._load_weights(wv, w_regs, w_rows, first_columns)
         # Let the next kernel launch: it cannot read our output before its own wait, which
         # returns only once this grid has finished and flushed, so the early signal is safe,
@@ -141,8 +157,14 @@ class GemmDotprod(GemmKernel):
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
-            if const_expr(self.trigger == "after_x"):
-                cute.arch.griddepcontrol_launch_dependents()
+        if const_expr(x_step):
+            # The first step's loads in straight-line code ahead of the loop, x's all at once
+            # (in the loop the compiler sinks each x load next to its multiplies).
+            if const_expr(not self.prefetch):
+                self._load_weights(wv, w_regs, w_rows, first_columns)
+            self._load_x(xv, x_regs, x_rows, first_columns)
+        if const_expr(self.pdl and self.trigger == "after_x"):
+            cute.arch.griddepcontrol_launch_dependents()
         # The gate bias of this thread's output, if it stores one, asked for now: a model's
         # bias is cold, and read only after the sums it would be an HBM round trip there.
         gate = Float32(0.0)
@@ -151,21 +173,25 @@ class GemmDotprod(GemmKernel):
 
         for s in cutlass.range(n_steps, unroll=1):
             kv, kv_clamped = self._step_columns(s, tidx, kv_count)
-            if const_expr(self.prefetch):
+            if const_expr(self.prefetch or x_step):
                 if s > 0:
                     self._load_weights(wv, w_regs, w_rows, kv_clamped)
+                    if const_expr(x_step):
+                        self._load_x(xv, x_regs, x_rows, kv_clamped)
             else:
                 self._load_weights(wv, w_regs, w_rows, kv_clamped)
             for u in cutlass.range_constexpr(unroll):
-                for m in cutlass.range_constexpr(max_m):
-                    self._load_vec(xv[x_rows[m], (None, kv_clamped[u])], x_regs[None, m])
+                xu = u if x_step else 0
+                if const_expr(not x_step):
+                    self._load_x(xv, x_regs, x_rows, kv_clamped, u)
                 if kv[u] >= kv_count:
                     # A clamped column: zero both operands (x may hold inf or NaN).
-                    x_regs.fill(0.0)
+                    for m in cutlass.range_constexpr(max_m):
+                        x_regs[None, xu, m].fill(0.0)
                     for r in cutlass.range_constexpr(rows):
                         w_regs[None, u, r].fill(0.0)
                 for m in cutlass.range_constexpr(max_m):
-                    xf = x_regs[None, m].load().to(Float32)
+                    xf = x_regs[None, xu, m].load().to(Float32)
                     for r in cutlass.range_constexpr(rows):
                         wf = w_regs[None, u, r].load().to(Float32)
                         a = acc[m, r]
