@@ -44,11 +44,16 @@ class Dotprod:
     weight_dtype: str = "bfloat16"
     # More tokens than `tokens` take more CTAs along the grid's y (any M); otherwise M <= tokens.
     token_tiles: bool = False
+    # K compiled in (bf16, 16-byte loads; the kernel computes that K only: a choice of it must
+    # bound K to it); 0: K is a run-time value.
+    k: int = 0
 
     @property
     def vecs(self) -> tuple:
         """Elements per load it is compiled for: one 16-byte vector where K, the row strides
         and the pointers allow it; bf16 also 1 (scalar loads: any K, any alignment)."""
+        if self.k:
+            return (8,)
         return (8, 1) if self.weight_dtype == "bfloat16" else (4,)
 
     def prefetch_loads(self) -> int:
@@ -111,8 +116,8 @@ def _mma(name, tokens, tiles, cluster_k, warps, unroll, pass_tokens=0, **launch)
     return Variant(name, Mma(tiles, cluster_k, warps, unroll, tokens, pass_tokens), **launch)
 
 
-def _dotprod(name, tokens, rows, unroll, threads=128, **launch):
-    return Variant(name, Dotprod(tokens, rows, unroll, threads), **launch)
+def _dotprod(name, tokens, rows, unroll, threads=128, k=0, **launch):
+    return Variant(name, Dotprod(tokens, rows, unroll, threads, k=k), **launch)
 
 
 def _f32w(name, tokens, rows, unroll, threads, tiles=False):
@@ -171,6 +176,11 @@ LAB_VARIANTS = (
     _dotprod("m1_prefetch_r2_t128", 1, rows=2, unroll=7),
     _dotprod("m1_prefetch_r2_t256", 1, rows=2, unroll=4, threads=256),
     _dotprod("m1_r1_t128", 1, rows=1, unroll=7, prefetch=False),
+    # K compiled in (Kimi and DeepSeek: 7168): no clamps, a thread's loads offsets of one
+    # address, so one expert a CTA of 128 threads fits 8 CTAs an SM (Kimi-K3's 896 in one wave).
+    _dotprod("m1_prefetch_r1_t128_k7168", 1, rows=1, unroll=7, k=7168),
+    _dotprod("m1_prefetch_r1_t256_k7168", 1, rows=1, unroll=4, threads=256, k=7168),
+    _dotprod("m1_prefetch_r2_t128_k7168", 1, rows=2, unroll=7, k=7168),
     _mma("mma8_t2c4w8u7_noprefetch", 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
     _mma("mma8_t2c4w8u7_before_wait", 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
 )

@@ -54,11 +54,17 @@ def test_every_variant_odd_shapes(variant):
     """Tails of every split: N not a multiple of the expert tile, K not a multiple of the
     32-element chunk or of the warps' and cluster's share of it, M inside the token bucket."""
     row = next(v for v in variants.ALL_VARIANTS if v.name == variant)
-    for n, k in [(1, 8), (17, 40), (33, 7176), (895, 1000)]:
+    k_only = getattr(row.kernel, "k", 0)  # K compiled in: that K, every N tail; others refused
+    shapes = [(1, k_only), (17, k_only), (895, k_only)] if k_only else [(1, 8), (17, 40), (33, 7176), (895, 1000)]
+    for n, k in shapes:
         for m in sorted({1, 3, row.tokens} & set(range(1, row.tokens + 1))):
             x, w = random_bf16(m, k, device="cuda"), random_bf16(n, k, device="cuda")
             w = w.to(getattr(torch, row.kernel.weight_dtype))
             check(kimi_router_ops.router_gemm_with_variant(x, w, variant), x, w, torch.float32)
+    if k_only:
+        x, w = random_bf16(1, k_only + 8, device="cuda"), random_bf16(17, k_only + 8, device="cuda")
+        with pytest.raises(RuntimeError, match=f"variant {variant} computes K = {k_only} only"):
+            kimi_router_ops.router_gemm_with_variant(x, w, variant)
 
 
 @pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS if isinstance(v.kernel, variants.Mma)])

@@ -50,6 +50,13 @@ def test_every_m_gets_the_first_choice_that_takes_it(m, n, k):
     assert m <= row(name).max_m  # the kernel computes that many tokens
 
 
+def test_choices_of_a_compiled_in_k_take_that_k_only():
+    for table in (variants.CHOICES, variants.BATCH_INVARIANT_CHOICES):
+        for c in table:
+            k_only = getattr(row(c.variant).kernel, "k", 0) if c.variant != "cublas" else 0
+            assert k_only in (0, c.k_min) and (not k_only or c.k_max == k_only), c
+
+
 def test_choices_name_compiled_rows_and_cover_every_m_up_to_16():
     names = {v.name for v in variants.VARIANTS}  # product rows: no choice runs an experiment
     assert all(c.variant in names | {"cublas"} for c in variants.CHOICES)

@@ -86,6 +86,8 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
     KIMI_CHECK(vec16 || row->scalar_loads, "router_gemm_with_variant: variant ", row->name,
                " needs K % ", row->vec16, " == 0, row strides % ", row->vec16,
                " == 0 and aligned data; got K = ", K);
+    KIMI_CHECK(row->k_only == 0 || K == row->k_only, "router_gemm_with_variant: variant ", row->name,
+               " computes K = ", row->k_only, " only (compiled in), got K = ", K);
   }
   if (row == nullptr && !(batch_invariant() && M > 1)) {
     const Tensor logits = cublas_mm(x, w, gate_bias, out_dtype);

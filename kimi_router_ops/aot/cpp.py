@@ -41,6 +41,7 @@ _GEMM_ROW = (
     ("bool", "scalar_loads", "also compiled with scalar loads (any K, any alignment)", lambda r: _bool(1 in r.kernel.vecs)),
     ("int", "vec16", "elements of one 16-byte load of weights: 8 (bf16) or 4 (fp32)", lambda r: str(r.kernel.vecs[0])),
     ("c10::ScalarType", "weight_dtype", "", lambda r: SCALAR_TYPES[r.kernel.weight_dtype]),
+    ("int64_t", "k_only", "the one K it computes (K compiled in); 0: any K", lambda r: str(getattr(r.kernel, "k", 0))),
 )
 _CHOICE_ROW = (
     ("int", "variant", "index into kVariantRows; -1: cuBLAS",

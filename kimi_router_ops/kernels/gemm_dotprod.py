@@ -49,6 +49,7 @@ class GemmDotprod(GemmKernel):
         weight_dtype=BFloat16,
         x_dtype=BFloat16,
         token_tiles: bool = False,
+        k: int = 0,  # compile-time K (the dispatch runs the kernel for that K only); 0: any K
     ):
         if vec not in (1, 8 if weight_dtype is BFloat16 else 4):
             raise ValueError(f"vec must be 1 or one 16-byte vector of weights, got {vec}")
@@ -57,6 +58,9 @@ class GemmDotprod(GemmKernel):
         self._meet_the_kernel_before(prefetch, pdl, trigger)
         self.weight_dtype, self.x_dtype, self.vec = weight_dtype, x_dtype, vec
         self.max_m, self.token_tiles = max_m, token_tiles
+        if k and (vec != 8 or k % 8):
+            raise ValueError(f"a compile-time K takes 16-byte loads of bf16 and K % 8 == 0, got vec {vec}, K {k}")
+        self.k = k
         self.rows_per_cta, self.unroll, self.threads = rows_per_cta, unroll, threads
         self.num_warps = threads // cute.arch.WARP_SIZE
         # CTAs an SM holds: ptxas gives every variant at most 128 registers a thread.
@@ -102,7 +106,56 @@ class GemmDotprod(GemmKernel):
                     self._load_vec(xv[x_rows[m], (None, columns[u])], x_regs[None, 0 if only_u >= 0 else u, m])
 
     def _step_columns(self, s, tidx, kv_count):
-        return strided_columns(s, tidx, kv_count, self.threads, self.unroll)
+        kv, clamped = strided_columns(s, tidx, kv_count, self.threads, self.unroll)
+        # Columns known in range at compile time need no clamp: with one base address a
+        # thread's loads are immediate offsets from it (fewer registers, as many loads).
+        return kv, [kv[u] if self._in_range(s, u) else clamped[u] for u in range(self.unroll)]
+
+    def _in_range(self, s, u: int) -> bool:
+        """Column u of step s is inside K for every thread (known only where K and s are)."""
+        return bool(self.k) and isinstance(s, int) and (
+            s * self.threads * self.unroll + (u + 1) * self.threads <= self.k // self.vec)
+
+    @cute.jit
+    def _step(self, s, xv, wv, w_regs, x_regs, acc, w_rows, x_rows, tidx, kv_count, x_step: cutlass.Constexpr):
+        """Step s of the K loop: its loads (but the first step's, where they went ahead of the
+        loop) and its multiplies."""
+        max_m, rows, unroll, vec = self.max_m, self.rows_per_cta, self.unroll, self.vec
+        kv, kv_clamped = self._step_columns(s, tidx, kv_count)
+        if const_expr(self.prefetch or x_step):
+            if const_expr(isinstance(s, int)):
+                if const_expr(s > 0):
+                    self._load_step(xv, wv, w_regs, x_regs, w_rows, x_rows, kv_clamped, x_step)
+            else:
+                if s > 0:
+                    self._load_step(xv, wv, w_regs, x_regs, w_rows, x_rows, kv_clamped, x_step)
+        else:
+            self._load_weights(wv, w_regs, w_rows, kv_clamped)
+        for u in cutlass.range_constexpr(unroll):
+            xu = u if x_step else 0
+            if const_expr(not x_step):
+                self._load_x(xv, x_regs, x_rows, kv_clamped, u)
+            if const_expr(not self._in_range(s, u)):
+                if kv[u] >= kv_count:
+                    # A clamped column: zero both operands (x may hold inf or NaN).
+                    for m in cutlass.range_constexpr(max_m):
+                        x_regs[None, xu, m].fill(0.0)
+                    for r in cutlass.range_constexpr(rows):
+                        w_regs[None, u, r].fill(0.0)
+            for m in cutlass.range_constexpr(max_m):
+                xf = x_regs[None, xu, m].load().to(Float32)
+                for r in cutlass.range_constexpr(rows):
+                    wf = w_regs[None, u, r].load().to(Float32)
+                    a = acc[m, r]
+                    for e in cutlass.range_constexpr(vec):
+                        a = a + xf[e] * wf[e]
+                    acc[m, r] = a
+
+    @cute.jit
+    def _load_step(self, xv, wv, w_regs, x_regs, w_rows, x_rows, columns, x_step: cutlass.Constexpr):
+        self._load_weights(wv, w_regs, w_rows, columns)
+        if const_expr(x_step):
+            self._load_x(xv, x_regs, x_rows, columns)
 
     @cute.jit
     def body(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,
@@ -120,7 +173,7 @@ class GemmDotprod(GemmKernel):
 
         m_count = xv.shape[0]
         n_count = wv.shape[0]
-        kv_count = cute.size(xv.shape[1][1])  # vec-wide columns
+        kv_count = self.k // vec if self.k else cute.size(xv.shape[1][1])  # vec-wide columns
         n_steps = (kv_count + threads * unroll - 1) // (threads * unroll)
         n_first = bidx * rows
         m_first = Int32(0)
@@ -144,7 +197,7 @@ class GemmDotprod(GemmKernel):
         if const_expr(self.pdl and self.trigger == "at_entry"):
             # As safe as later (below); the next kernel's CTAs start before our weight loads.
             cute.arch.griddepcontrol_launch_dependents()
-        _, first_columns = self._step_columns(Int32(0), tidx, kv_count)
+        _, first_columns = self._step_columns(0 if self.k else Int32(0), tidx, kv_count)
         if const_expr(self.prefetch):
             # W does not depend on the kernel before us: issue the first step's weight loads
             # now, so they travel from HBM while we wait for hidden_states to be written.
@@ -171,33 +224,12 @@ class GemmDotprod(GemmKernel):
         if has_gate_bias != 0:
             gate = gate_bias[0, cutlass.min(n_first + tidx % rows, n_count - 1)].to(Float32)
 
-        for s in cutlass.range(n_steps, unroll=1):
-            kv, kv_clamped = self._step_columns(s, tidx, kv_count)
-            if const_expr(self.prefetch or x_step):
-                if s > 0:
-                    self._load_weights(wv, w_regs, w_rows, kv_clamped)
-                    if const_expr(x_step):
-                        self._load_x(xv, x_regs, x_rows, kv_clamped)
-            else:
-                self._load_weights(wv, w_regs, w_rows, kv_clamped)
-            for u in cutlass.range_constexpr(unroll):
-                xu = u if x_step else 0
-                if const_expr(not x_step):
-                    self._load_x(xv, x_regs, x_rows, kv_clamped, u)
-                if kv[u] >= kv_count:
-                    # A clamped column: zero both operands (x may hold inf or NaN).
-                    for m in cutlass.range_constexpr(max_m):
-                        x_regs[None, xu, m].fill(0.0)
-                    for r in cutlass.range_constexpr(rows):
-                        w_regs[None, u, r].fill(0.0)
-                for m in cutlass.range_constexpr(max_m):
-                    xf = x_regs[None, xu, m].load().to(Float32)
-                    for r in cutlass.range_constexpr(rows):
-                        wf = w_regs[None, u, r].load().to(Float32)
-                        a = acc[m, r]
-                        for e in cutlass.range_constexpr(vec):
-                            a = a + xf[e] * wf[e]
-                        acc[m, r] = a
+        if const_expr(self.k):
+            for s in cutlass.range_constexpr(n_steps):
+                self._step(s, xv, wv, w_regs, x_regs, acc, w_rows, x_rows, tidx, kv_count, x_step)
+        else:
+            for s in cutlass.range(n_steps, unroll=1):
+                self._step(s, xv, wv, w_regs, x_regs, acc, w_rows, x_rows, tidx, kv_count, x_step)
 
         # Reduce: warp shuffle, one partial per warp in shared memory, then one thread per
         # (m, r) adds the warps' partials in a fixed order, so results are bitwise repeatable.
