@@ -129,9 +129,12 @@ def _f32w(name, tokens, rows, unroll, threads, tiles=False):
 # Why each knob is set as it is: docs/kernel-notes.md.
 VARIANTS = (
     _dotprod("m1_prefetch_r4_t256", 1, rows=4, unroll=4, threads=256),  # M = 1
-    # M = 1 for Kimi-K2's 384 experts: one expert a CTA, the same sums as r4 (each row's are
-    # its own), faster after the layer (docs/benchmarks.md).
-    _dotprod("m1_prefetch_r1_t256", 1, rows=1, unroll=4, threads=256),
+    # M = 1 at K = 7168 (Kimi, DeepSeek), K compiled in: no clamps, a thread's loads offsets of
+    # one address, so few registers and every CTA resident at once: one expert a CTA of 256
+    # threads up to 384 experts (r4's sums), of 128 threads (70 registers, 7 an SM) for
+    # Kimi-K3's 896 in one wave. After the layer they start cold faster (docs/benchmarks.md).
+    _dotprod("m1_prefetch_r1_t256_k7168", 1, rows=1, unroll=4, threads=256, k=7168),
+    _dotprod("m1_prefetch_r1_t128_k7168", 1, rows=1, unroll=7, k=7168),
     _mma("mma8_t2c4w8u7", 8, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 2..8: 7 chunks a warp at K = 7168
     _mma("mma16_t2c4w8u7", 16, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 9..16
     _mma("mma16_t2c4w8u7_before_wait", 16, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
@@ -160,6 +163,7 @@ VARIANTS = (
     # Batch-invariant mode (BATCH_INVARIANT_CHOICES): the M = 1 kernels with one token a CTA
     # along the grid's y, for any M.
     Variant("m1_prefetch_r4_t256_tiles", Dotprod(1, 4, 4, 256, token_tiles=True)),
+    Variant("m1_prefetch_r1_t128_k7168_tiles", Dotprod(1, 1, 7, 128, token_tiles=True, k=7168)),
     _f32w("f32w_m1_r2_u4_t256_tiles", 1, rows=2, unroll=4, threads=256, tiles=True),
     _f32w("f32w_m1_r1_u8_t256_tiles", 1, rows=1, unroll=8, threads=256, tiles=True),
 )
@@ -170,17 +174,8 @@ LAB_VARIANTS = (
     _dotprod("m1_r4_t256", 1, rows=4, unroll=4, threads=256, prefetch=False),  # no weights before the wait
     _dotprod("m1_r4_t256_nopdl", 1, rows=4, unroll=4, threads=256, prefetch=False, pdl=False),  # no PDL
     _dotprod("m1_prefetch_r4_t256_before_wait", 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
-    # Cold-start candidates (after a non-PDL kernel): more, smaller CTAs, as vLLM's one CTA an
-    # expert (the r4 grid leaves SMs with one CTA beside SMs with two).
+    # K at run time, one expert a CTA: what compiling K in is worth after the layer.
     _dotprod("m1_prefetch_r1_t128", 1, rows=1, unroll=7),
-    _dotprod("m1_prefetch_r2_t128", 1, rows=2, unroll=7),
-    _dotprod("m1_prefetch_r2_t256", 1, rows=2, unroll=4, threads=256),
-    _dotprod("m1_r1_t128", 1, rows=1, unroll=7, prefetch=False),
-    # K compiled in (Kimi and DeepSeek: 7168): no clamps, a thread's loads offsets of one
-    # address, so one expert a CTA of 128 threads fits 8 CTAs an SM (Kimi-K3's 896 in one wave).
-    _dotprod("m1_prefetch_r1_t128_k7168", 1, rows=1, unroll=7, k=7168),
-    _dotprod("m1_prefetch_r1_t256_k7168", 1, rows=1, unroll=4, threads=256, k=7168),
-    _dotprod("m1_prefetch_r2_t128_k7168", 1, rows=2, unroll=7, k=7168),
     _mma("mma8_t2c4w8u7_noprefetch", 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
     _mma("mma8_t2c4w8u7_before_wait", 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
 )
@@ -211,7 +206,8 @@ def _f32w_choice(name, m_lo, m_hi, **bounds):
 # The automatic choice, first match wins; each line was the fastest on an H200 where it
 # applies (docs/benchmarks.md). Problems no line takes go to cuBLAS.
 CHOICES = (
-    Choice("m1_prefetch_r1_t256", 1, 1, n_min=257, n_max=384, k_min=7168, k_max=7168),
+    Choice("m1_prefetch_r1_t256_k7168", 1, 1, n_max=384, k_min=7168, k_max=7168),
+    Choice("m1_prefetch_r1_t128_k7168", 1, 1, n_min=385, n_max=896, k_min=7168, k_max=7168),
     Choice("m1_prefetch_r4_t256", 1, 1),
     Choice("mma8_t2c4w8u8", 2, 8, k_min=7169, k_max=8192),  # u7 takes two steps there
     Choice("mma8_t1c4w8u7", 2, 8, n_max=128),
@@ -247,9 +243,11 @@ CHOICES = (
 # The choice in batch-invariant mode (kimi_router_ops.set_batch_invariant): a token's logits
 # are the same bits whatever else is in the batch, because every M runs the kernel that M = 1
 # runs, token-tiled (each line the twin of CHOICES' M = 1 line for the same problems: the
-# same threads, vectors a step and rows a CTA, so the same sums in the same order; a test
-# holds the two tables to it). No line: cuBLAS one token at a time.
+# same threads, unroll and vectors a step, so each expert's sum in the same order, whatever
+# the experts a CTA and whether K is compiled in; a test holds the two tables to it). No
+# line: cuBLAS one token at a time.
 BATCH_INVARIANT_CHOICES = (
+    Choice("m1_prefetch_r1_t128_k7168_tiles", 1, INT32_MAX, n_min=385, n_max=896, k_min=7168, k_max=7168),
     Choice("m1_prefetch_r4_t256_tiles", 1, INT32_MAX),
     _f32w_choice("f32w_m1_r2_u4_t256_tiles", 1, INT32_MAX, k_max=4096),
     _f32w_choice("f32w_m1_r1_u8_t256_tiles", 1, INT32_MAX),

@@ -89,8 +89,9 @@ def test_routing_is_batch_invariant_in_either_mode(device, mode, problem, m, see
 
 def test_the_tables_sum_as_m1_does():
     """For every problem CHOICES gives an M = 1 kernel, BATCH_INVARIANT_CHOICES gives its
-    token-tiled twin: the same parameters but for the tiles and the experts a CTA of the dot
-    product (each expert's sum is its own, in the same order), so the same sums."""
+    token-tiled twin: the same parameters but for the tiles, the experts a CTA of the dot
+    product and whether K is compiled in (each expert's sum is its own, in the same order), so
+    the same sums (test_every_op_is_batch_invariant checks the bits)."""
     with batch_invariant_mode(False):
         for weight_dtype in (torch.bfloat16, torch.float32):
             for n in (8, 64, 256, 384, 896, 1024, 4096):
@@ -107,7 +108,7 @@ def test_the_tables_sum_as_m1_does():
                         (name, vec), (twin_name, twin_vec) = default.split(":"), twin.split(":")
                         row, twin_row = variants.variant(name), variants.variant(twin_name)
                         assert vec == twin_vec and twin_row.kernel.token_tiles, (args, default, twin)
-                        rows = dict(rows_per_cta=row.kernel.rows_per_cta) if hasattr(row.kernel, "rows_per_cta") else {}
+                        rows = dict(rows_per_cta=row.kernel.rows_per_cta, k=row.kernel.k) if hasattr(row.kernel, "k") else {}
                         assert replace(twin_row.kernel, token_tiles=row.kernel.token_tiles, **rows) == row.kernel, args
 
 
@@ -118,11 +119,11 @@ def test_the_mode_and_what_it_runs():
 
 def check_the_mode():
     assert kimi_router_ops.is_batch_invariant()
-    assert kimi_router_ops.chosen_variant(16, 896, 7168) == "m1_prefetch_r4_t256_tiles:vec8"
+    assert kimi_router_ops.chosen_variant(16, 896, 7168) == "m1_prefetch_r1_t128_k7168_tiles:vec8"
     assert kimi_router_ops.chosen_router_variant(1, 256, 7168, 8, 8, 4) == "gemm+moe_routing"
     assert kimi_router_ops.set_batch_invariant(False) is True
     assert not kimi_router_ops.is_batch_invariant()
-    assert kimi_router_ops.chosen_variant(16, 896, 7168) != "m1_prefetch_r4_t256_tiles:vec8"
+    assert kimi_router_ops.chosen_variant(16, 896, 7168) != "m1_prefetch_r1_t128_k7168_tiles:vec8"
 
 
 def test_environment_turns_it_on_at_import():
