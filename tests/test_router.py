@@ -107,8 +107,9 @@ def test_fused_rows_run_the_gemm_ops_kernel():
             # An expert's row in its MMA tile and each warp's K chunks do not depend on the
             # tiles a CTA holds.
             return (kernel.cluster_k, kernel.warps, kernel.unroll, kernel.tokens), v.prefetch, v.pdl
-        # Each expert's dot product is its own, whatever the experts a CTA.
-        return replace(kernel, rows_per_cta=1), v.prefetch, v.pdl
+        # Each expert's dot product is its own, whatever the experts a CTA and whether K is
+        # compiled in.
+        return replace(kernel, rows_per_cta=1, k=0), v.prefetch, v.pdl
 
     for n in (8, 128, 129, 256, 384, 385, 896, 1024):
         for m in range(1, 17):
