@@ -19,11 +19,12 @@ from typing import NamedTuple, Union
 INT32_MAX = 2**31 - 1
 # Where a kernel lets the next one launch (PDL's griddepcontrol.launch_dependents): once its
 # first step's loads are issued ("after_x"), right after its weight prefetch, before its
-# own grid-dependency wait ("before_wait"), or at kernel entry, before that prefetch
-# ("at_entry"). Each is safe: the next kernel reads nothing of ours before its own wait
-# returns, after our grid has finished. Results do not change; only what the next kernel's
-# weight stream overlaps (docs/kernel-notes.md).
-TRIGGERS = ("after_x", "before_wait", "at_entry")
+# own grid-dependency wait ("before_wait"), at kernel entry, before that prefetch
+# ("at_entry"), or after its stores ("at_exit", the dot product only). Each is safe: the next
+# kernel reads nothing of ours before its own wait returns, after our grid has finished.
+# Results do not change; only what the next kernel's weight stream overlaps
+# (docs/kernel-notes.md).
+TRIGGERS = ("after_x", "before_wait", "at_entry", "at_exit")
 
 
 def _check_trigger(row):
@@ -176,6 +177,9 @@ LAB_VARIANTS = (
     _dotprod("m1_prefetch_r4_t256_before_wait", 1, rows=4, unroll=4, threads=256, trigger="before_wait"),
     # K at run time, one expert a CTA: what compiling K in is worth after the layer.
     _dotprod("m1_prefetch_r1_t128", 1, rows=1, unroll=7),
+    # The next kernel launched only after our stores, as vLLM's M == 1 kernel does.
+    _dotprod("m1_prefetch_r1_t128_k7168_at_exit", 1, rows=1, unroll=7, k=7168, trigger="at_exit"),
+    _dotprod("m1_prefetch_r1_t256_k7168_at_exit", 1, rows=1, unroll=4, threads=256, k=7168, trigger="at_exit"),
     _mma("mma8_t2c4w8u7_noprefetch", 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
     _mma("mma8_t2c4w8u7_before_wait", 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
 )

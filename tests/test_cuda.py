@@ -121,13 +121,29 @@ def test_property_cuda(m, n, k, x_offset, w_offset, scale, out_dtype, seed):
 
 @pytest.mark.parametrize("model", list(MODEL_SHAPES))
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_the_chosen_m1_kernel_sums_as_its_run_time_k_twins(model, out_dtype):
+    """The M = 1 choice (K compiled in where a row has the model's K) gives the bits of every
+    dot-product row with its threads and unroll, whatever their experts a CTA and K."""
+    n, k = MODEL_SHAPES[model]
+    x, w = random_bf16(1, k, device="cuda"), random_bf16(n, k, device="cuda")
+    chosen = variants.variant(kimi_router_ops.chosen_variant(1, n, k).split(":")[0]).kernel
+    twins = [v.name for v in variants.ALL_VARIANTS if isinstance(v.kernel, variants.Dotprod) and v.kernel.tokens == 1
+             and not v.kernel.token_tiles and v.kernel.weight_dtype == "bfloat16"
+             and (v.kernel.threads, v.kernel.unroll, v.kernel.k) == (chosen.threads, chosen.unroll, 0)]
+    assert twins, chosen
+    for twin in twins:
+        assert torch.equal(kimi_router_ops.ll_bf16_gemm(x, w, out_dtype),
+                           kimi_router_ops.router_gemm_with_variant(x, w, twin, out_dtype)), twin
+
+
+@pytest.mark.parametrize("model", list(MODEL_SHAPES))
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 def test_prefetch_is_bitwise_equal_to_no_prefetch(model, out_dtype):
     n, k = MODEL_SHAPES[model]
     x, w = random_bf16(1, k, device="cuda"), random_bf16(n, k, device="cuda")
     prefetch = kimi_router_ops.router_gemm_with_variant(x, w, "m1_prefetch_r4_t256", out_dtype)
     assert torch.equal(prefetch, kimi_router_ops.router_gemm_with_variant(x, w, "m1_r4_t256", out_dtype))
     assert torch.equal(prefetch, kimi_router_ops.router_gemm_with_variant(x, w, "m1_r4_t256_nopdl", out_dtype))
-    assert torch.equal(prefetch, kimi_router_ops.ll_bf16_gemm(x, w, out_dtype))
     early = kimi_router_ops.router_gemm_with_variant(x, w, "m1_prefetch_r4_t256_before_wait", out_dtype)
     assert torch.equal(prefetch, early)  # the next kernel launched before our wait
     for m in (1, 5):  # the tensor-core twins

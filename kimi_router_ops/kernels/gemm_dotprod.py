@@ -249,3 +249,5 @@ class GemmDotprod(GemmKernel):
                 out[m_first + m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
                     handoff_buffer.publish(handoff, m_first + m, n_first + r, total, scoring)
+        if const_expr(self.pdl and self.trigger == "at_exit"):
+            cute.arch.griddepcontrol_launch_dependents()

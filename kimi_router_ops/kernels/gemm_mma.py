@@ -68,6 +68,8 @@ class GemmMma(GemmKernel):
             raise ValueError(f"tokens ({tokens}) must be a multiple of pass_tokens ({pass_tokens}), "
                              f"a multiple of {TILE_T}")
         self._meet_the_kernel_before(prefetch, pdl, trigger)
+        if trigger == "at_exit":
+            raise ValueError("trigger 'at_exit' is built for the dot product only")
         self.tokens = tokens
         self.tiles = tiles
         self.cluster_k = cluster_k
