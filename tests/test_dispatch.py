@@ -189,8 +189,10 @@ def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
             assert "griddepcontrol" not in ptx
             continue
         before_wait, _, after_wait = ptx.partition("griddepcontrol.wait")
-        signal = after_wait if v.trigger == "after_x" else before_wait
+        signal = after_wait if v.trigger in ("after_x", "at_exit") else before_wait
         assert "griddepcontrol.launch_dependents" in signal, v.name
+        if v.trigger == "at_exit":  # after the last store
+            assert "st.global" not in after_wait.partition("griddepcontrol.launch_dependents")[2], v.name
         loads = global_loads_before(ptx)
         if v.prefetch:
             # Exactly the first step of weight loads (one per vector), 16 bytes wide at vec 8.
