@@ -72,8 +72,8 @@ def test_choices_name_compiled_rows_and_cover_every_m_up_to_16():
     [
         (0, 896, 7168, 90, True, "empty"),
         (1, 896, 7168, 90, True, "m1_prefetch_r1_t128_k7168:vec8"),  # K compiled in
-        (1, 256, 7168, 100, True, "m1_prefetch_r1_t256_k7168:vec8"),
-        (1, 384, 7168, 90, True, "m1_prefetch_r1_t256_k7168:vec8"),
+        (1, 256, 7168, 100, True, "m1_prefetch_r1_t256_k7168_at_exit:vec8"),
+        (1, 384, 7168, 90, True, "m1_prefetch_r1_t256_k7168_at_exit:vec8"),
         (1, 1024, 7168, 90, True, "m1_prefetch_r4_t256:vec8"),  # more than one wave of r1
         (1, 896, 4096, 90, True, "m1_prefetch_r4_t256:vec8"),  # K at run time
         (2, 896, 7168, 90, True, "mma8_t2c4w8u7:vec8"),
