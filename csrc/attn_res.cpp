@@ -23,19 +23,19 @@ namespace kimi {
 
 namespace {
 
-void check_hidden_vector(const char* name, const Tensor& t, const Tensor& prefix) {
-  KIMI_CHECK(t.scalar_type() == kBFloat16, "attn_res: ", name, " must be torch.bfloat16, got ",
+void check_hidden_vector(const char* op, const char* name, const Tensor& t, const Tensor& prefix) {
+  KIMI_CHECK(t.scalar_type() == kBFloat16, op, ": ", name, " must be torch.bfloat16, got ",
              dtype_name(t.scalar_type()));
-  KIMI_CHECK(t.dim() == 1 && t.size(0) == prefix.size(1), "attn_res: ", name,
+  KIMI_CHECK(t.dim() == 1 && t.size(0) == prefix.size(1), op, ": ", name,
              " must have shape [H]=[", prefix.size(1), "], got ", t.sizes());
-  KIMI_CHECK(t.device() == prefix.device(), "attn_res: prefix and ", name,
+  KIMI_CHECK(t.device() == prefix.device(), op, ": prefix and ", name,
              " must be on the same device, got ", prefix.device(), " and ", t.device());
 }
 
 // Written in place or read as rows by the kernels: the hidden dimension must be contiguous
 // (vLLM's function asserts the same).
-void check_unit_last_stride(const char* name, const Tensor& t) {
-  KIMI_CHECK(t.stride(t.dim() - 1) == 1 || t.size(t.dim() - 1) <= 1, "attn_res: ", name,
+void check_unit_last_stride(const char* op, const char* name, const Tensor& t) {
+  KIMI_CHECK(t.stride(t.dim() - 1) == 1 || t.size(t.dim() - 1) <= 1, op, ": ", name,
              " must have stride 1 along its last dimension, got stride ", t.stride(t.dim() - 1));
 }
 
@@ -49,52 +49,52 @@ Tensor rms_scale(const Tensor& v, double eps) {  // rsqrt(mean(v^2) + eps), [M, 
 
 void check_attn_res_inputs(const AttnResCall& call) {
   const auto& [prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
-                block_write_idx, eps, output_norm_eps] = call;
-  KIMI_CHECK(prefix.scalar_type() == kBFloat16, "attn_res: prefix must be torch.bfloat16, got ",
+                block_write_idx, eps, output_norm_eps, op] = call;
+  KIMI_CHECK(prefix.scalar_type() == kBFloat16, op, ": prefix must be torch.bfloat16, got ",
              dtype_name(prefix.scalar_type()));
-  KIMI_CHECK(prefix.dim() == 2, "attn_res: prefix must be 2-D [M, H], got shape ",
+  KIMI_CHECK(prefix.dim() == 2, op, ": prefix must be 2-D [M, H], got shape ",
              prefix.sizes());
-  KIMI_CHECK(prefix.size(1) >= 1, "attn_res: H must be at least 1, got prefix ", prefix.sizes());
-  check_unit_last_stride("prefix", prefix);
+  KIMI_CHECK(prefix.size(1) >= 1, op, ": H must be at least 1, got prefix ", prefix.sizes());
+  check_unit_last_stride(op, "prefix", prefix);
   if (delta.has_value()) {
-    KIMI_CHECK(delta->scalar_type() == kBFloat16, "attn_res: delta must be torch.bfloat16, got ",
+    KIMI_CHECK(delta->scalar_type() == kBFloat16, op, ": delta must be torch.bfloat16, got ",
                dtype_name(delta->scalar_type()));
     const Sizes ds = delta->sizes(), ps = prefix.sizes();
     KIMI_CHECK(ds.size() == ps.size() && std::equal(ds.begin(), ds.end(), ps.begin()),
-               "attn_res: delta must have the shape of prefix ", ps, ", got ", ds);
+               op, ": delta must have the shape of prefix ", ps, ", got ", ds);
     KIMI_CHECK(delta->device() == prefix.device(),
-               "attn_res: prefix and delta must be on the same device, got ", prefix.device(),
+               op, ": prefix and delta must be on the same device, got ", prefix.device(),
                " and ", delta->device());
   }
-  KIMI_CHECK(blocks.scalar_type() == kBFloat16, "attn_res: blocks must be torch.bfloat16, got ",
+  KIMI_CHECK(blocks.scalar_type() == kBFloat16, op, ": blocks must be torch.bfloat16, got ",
              dtype_name(blocks.scalar_type()));
   KIMI_CHECK(blocks.dim() == 3 && blocks.size(0) == prefix.size(0) &&
                  blocks.size(2) == prefix.size(1),
-             "attn_res: blocks must have shape [M, R, H]=[", prefix.size(0), ", R, ",
+             op, ": blocks must have shape [M, R, H]=[", prefix.size(0), ", R, ",
              prefix.size(1), "], got ", blocks.sizes());
   KIMI_CHECK(blocks.device() == prefix.device(),
-             "attn_res: prefix and blocks must be on the same device, got ", prefix.device(),
+             op, ": prefix and blocks must be on the same device, got ", prefix.device(),
              " and ", blocks.device());
-  check_unit_last_stride("blocks", blocks);
-  check_hidden_vector("norm_weight", norm_weight, prefix);
-  check_hidden_vector("qk_weight", qk_weight, prefix);
+  check_unit_last_stride(op, "blocks", blocks);
+  check_hidden_vector(op, "norm_weight", norm_weight, prefix);
+  check_hidden_vector(op, "qk_weight", qk_weight, prefix);
   if (output_norm_weight.has_value()) {
-    check_hidden_vector("output_norm_weight", *output_norm_weight, prefix);
+    check_hidden_vector(op, "output_norm_weight", *output_norm_weight, prefix);
   }
   const int64_t r = blocks.size(1);
   KIMI_CHECK(num_blocks >= 0 && num_blocks <= r,
-             "attn_res: num_blocks must be in [0, R] = [0, ", r, "], got ", num_blocks);
+             op, ": num_blocks must be in [0, R] = [0, ", r, "], got ", num_blocks);
   KIMI_CHECK(block_write_idx >= -1 && block_write_idx < r,
-             "attn_res: block_write_idx must be -1 or in [0, R) = [0, ", r, "), got ",
+             op, ": block_write_idx must be -1 or in [0, R) = [0, ", r, "), got ",
              block_write_idx);
-  KIMI_CHECK(std::isfinite(eps) && eps >= 0, "attn_res: eps must be finite and >= 0, got ", eps);
+  KIMI_CHECK(std::isfinite(eps) && eps >= 0, op, ": eps must be finite and >= 0, got ", eps);
   KIMI_CHECK(std::isfinite(output_norm_eps) && output_norm_eps >= 0,
-             "attn_res: output_norm_eps must be finite and >= 0, got ", output_norm_eps);
+             op, ": output_norm_eps must be finite and >= 0, got ", output_norm_eps);
 }
 
 Tensor attn_res_reference(const AttnResCall& call) {
   const auto& [prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
-                block_write_idx, eps, output_norm_eps] = call;
+                block_write_idx, eps, output_norm_eps, op] = call;
   const NoGradGuard no_grad;
   Tensor p = prefix;
   if (delta.has_value()) {

@@ -14,6 +14,7 @@ struct AttnResCall {
   const OptionalTensor& output_norm_weight;
   int64_t num_blocks, block_write_idx;
   double eps, output_norm_eps;
+  const char* op = "attn_res";  // the op whose contract applies, named in its errors
 };
 
 // attn_res's input contract (every implementation calls it first, before writing anything).
@@ -22,6 +23,12 @@ void check_attn_res_inputs(const AttnResCall& call);
 // The exact formula (csrc/attn_res.cpp) as ATen ops, on any device; inputs already checked.
 // Writes p into prefix (with a delta) and blocks[:, block_write_idx] (>= 0), as the kernel.
 Tensor attn_res_reference(const AttnResCall& call);
+
+#ifdef KIMI_WITH_CUDA
+// A checked call on its GPU, on the current stream: the PDL kernel where it serves the
+// inputs, the reference elsewhere (csrc/cuda/attn_res_cuda.cpp).
+Tensor attn_res_on_gpu(const AttnResCall& call);
+#endif
 
 // The op's entry point (its schema's arguments) over one implementation of a checked call:
 // the reference on the CPU, the kernel or the reference on CUDA.

@@ -82,6 +82,11 @@ def _fused_add_rms_norm_router_fake(x, residual, norm_weight, eps, w, bias, top_
     return (_norm_output(x), _norm_output(x), *_router_fake(x, w, bias, top_k))
 
 
+def _attn_res_router_fake(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                          block_write_idx, eps, output_norm_eps, w, bias, top_k, *args, **kwargs):
+    return (_norm_output(prefix), *_router_fake(prefix, w, bias, top_k))
+
+
 def _no_output(*args, **kwargs):
     """The _out ops write the caller's tensors and return nothing."""
     return None
@@ -392,6 +397,25 @@ def attn_res(prefix: Tensor, delta: Tensor | None, blocks: Tensor, norm_weight: 
     contiguous last dimension; the weights bf16 [H]. docs/api.md has the formula."""
     return _ops.attn_res.default(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
                                  block_write_idx, eps, output_norm_eps)
+
+
+@_op(_attn_res_router_fake)
+def attn_res_router(prefix: Tensor, delta: Tensor | None, blocks: Tensor, norm_weight: Tensor, qk_weight: Tensor,
+                    output_norm_weight: Tensor | None, num_blocks: int, block_write_idx: int, eps: float,
+                    output_norm_eps: float, router_weight: Tensor, e_score_correction_bias: Tensor | None = None,
+                    top_k: int | None = None, n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
+                    routed_scaling_factor: float = 1.0, scoring: str = "sigmoid",
+                    gate_bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Kimi-K3's pre-MoE front in one op: hidden = `attn_res(prefix, ..., output_norm_eps)`
+    (its writes into prefix and blocks included), then `router(hidden, router_weight, ...)`.
+
+    Returns (hidden bf16 [M, H], topk_weights, topk_ids, logits), each exactly what the two ops
+    give on the same device: on a GPU the AttnRes kernel, then the router op's dispatch behind
+    it through PDL (docs/kernel-notes.md says why not one kernel)."""
+    return _ops.attn_res_router.default(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight,
+                                        num_blocks, block_write_idx, eps, output_norm_eps, router_weight,
+                                        e_score_correction_bias, _required(top_k, "attn_res_router"), n_group,
+                                        topk_group, renormalize, routed_scaling_factor, scoring, gate_bias)
 
 
 # -- autograd ---------------------------------------------------------------------------------

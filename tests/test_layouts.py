@@ -67,6 +67,8 @@ def ops_on(layout, device):
         # Its tensors need a unit stride along H (the contract): an offset view as the delta.
         "attn_res": ((random_bf16(5, 64, device=device), residual, blocks, weight, weight, weight, 2, 2, 1e-6,
                       1e-6), {}),
+        "attn_res_router": ((random_bf16(5, 64, device=device), residual, blocks.clone(), weight, weight, None, 3, -1,
+                             1e-6, 1e-6, w, *routing), {}),
     }
     return {name: (getattr(torch.ops.kimi, name).default, *call) for name, call in calls.items()}
 

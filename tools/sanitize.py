@@ -237,7 +237,18 @@ def main():
             if not close.all() or not torch.equal(on_gpu[0].cpu(), prefix) or not torch.equal(on_gpu[2].cpu(), blocks):
                 print(f"attn_res m={m} h={h} blocks={nb} write={idx}: differs from the CPU reference")
                 sys.exit(1)
-            calls += 1
+            # attn_res_router: exactly attn_res, then the router, on Kimi-K3's 896 experts.
+            w = (torch.randn(896, h) * h ** -0.5).to(torch.bfloat16).cuda()
+            bias = make_bias(896, torch.float32).cuda()
+            inputs = [None if t is None else t.clone() for t in on_gpu]
+            fused = kimi_router_ops.attn_res_router(*on_gpu, *args, w, bias, 16)
+            hidden = kimi_router_ops.attn_res(*inputs, *args)
+            two_ops = (hidden, *kimi_router_ops.router(hidden, w, bias, 16))
+            same = all(torch.equal(a, b) for a, b in zip(fused, two_ops))
+            if not same or not torch.equal(on_gpu[0], inputs[0]) or not torch.equal(on_gpu[2], inputs[2]):
+                print(f"attn_res_router m={m} h={h} blocks={nb} write={idx}: differs from attn_res then router")
+                sys.exit(1)
+            calls += 2
     torch.cuda.synchronize()
     print(f"{calls} kernel calls, worst fp32 error {worst:.2e} (relative to sum |x w|)")
     if worst > 1e-5:

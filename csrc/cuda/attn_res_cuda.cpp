@@ -28,7 +28,7 @@ bool vec8_aligned(const Tensor3Arg& a) {
 // Runs the kernel into out; false where it does not serve the inputs (they are unchanged).
 bool launch_attn_res(const AttnResCall& call, const Tensor& out) {
   const auto& [prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
-                block_write_idx, eps, output_norm_eps] = call;
+                block_write_idx, eps, output_norm_eps, op] = call;
   const int device = prefix.get_device_index();
   const AttnResKernel* kernel =
       find_kernel(kAttnResKernels, device_sm(device), [](const AttnResKernel&) { return true; });
@@ -70,14 +70,13 @@ bool launch_attn_res(const AttnResCall& call, const Tensor& out) {
   return true;
 }
 
-// A checked call on its GPU: the kernel where it serves the inputs, the reference elsewhere.
+}  // namespace
+
 Tensor attn_res_on_gpu(const AttnResCall& call) {
   const DeviceGuard guard(call.prefix.get_device_index());
   Tensor out = empty_on(call.prefix, {call.prefix.size(0), call.prefix.size(1)}, kBFloat16);
   return launch_attn_res(call, out) ? out : attn_res_reference(call);
 }
-
-}  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
   m.impl("attn_res", TORCH_BOX(&attn_res_op<attn_res_on_gpu>));

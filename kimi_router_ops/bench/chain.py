@@ -13,8 +13,9 @@ Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_re
 `ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists), GEMM
 kernels named with --gemms, vLLM 0.33's `ll_bf16` where its peer is built (as shipped, and
 at M = 1 its default kernel without the prefetch),
-`ll_bf16_router`, `ll_bf16_gemm` then `moe_routing`, behind a norm the norm and router in one op
-(`rms_norm_router`, `fused_add_rms_norm_router`: "norm + router in one op"), `router_out` into an engine's buffers
+`ll_bf16_router`, `ll_bf16_gemm` then `moe_routing`, the producer and router in one op
+(`rms_norm_router`, `fused_add_rms_norm_router`, `attn_res_router`: "producer + router in one
+op"), `router_out` into an engine's buffers
 (int64 ids, expert counts) and `router` in batch-invariant mode; for DeepSeek-V4's shapes also the
 router without a bias, the router of a hash-routed layer (ids from a token table) and vLLM
 0.33's pipeline where its peers are built (kimi_router_ops/bench/peers.py): its gate GEMM
@@ -65,19 +66,27 @@ def producers(m, k):
     return out
 
 
-def norm_fronts(m, config):
-    """producer name -> fn(weight, bias): the norm and the router in one op (rms_norm_router,
-    fused_add_rms_norm_router), on the inputs of a norm producer of the same shape."""
+def fused_fronts(m, config):
+    """producer name -> fn(weight, bias): the producer and the router in one op
+    (rms_norm_router, fused_add_rms_norm_router, attn_res_router), on inputs of the producer's
+    shape."""
     k, _, top_k, n_group, topk_group, scale, scoring = config
     routing = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, routed_scaling_factor=scale,
                    scoring=scoring)
-    x, residual = (torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(2))
+    bf = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
+    x, residual = bf(m, k), bf(m, k)
     gamma = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
-    return {
+    out = {
         "rms_norm": lambda w, b: kimi_router_ops.rms_norm_router(x, gamma, EPS, w, b, **routing),
         "fused_add_rms_norm": lambda w, b: kimi_router_ops.fused_add_rms_norm_router(x, residual, gamma, EPS, w, b,
                                                                                      **routing),
     }
+    for nb in (2, 8):  # as producers() calls attn_res
+        prefix, delta, blocks, qk = bf(m, k), bf(m, k) * 1e-3, bf(m, nb, k), bf(k) * 0.05
+        out[f"attn_res nb={nb}"] = (
+            lambda w, b, prefix=prefix, delta=delta, blocks=blocks, qk=qk, nb=nb: kimi_router_ops.attn_res_router(
+                prefix, delta, blocks, gamma, qk, gamma, nb, -1, EPS, EPS, w, b, **routing))
+    return out
 
 
 def consumers(m, config, peers, gemms=()):
@@ -153,11 +162,11 @@ def run(shapes, m_list, replays, producer_names=None, gemms=()):
                         "after_layer": after_layer_us(calls),
                         "back_to_back": round(graph_time_us(calls, replays=replays), 3),
                     })
-                front = norm_fronts(m, CONFIGS[shape]).get(producer_name)
-                if front:  # the norm and the router as one op
+                front = fused_fronts(m, CONFIGS[shape]).get(producer_name)
+                if front:  # the producer and the router as one op
                     calls = [lambda w=w, b=b: front(w, b) for w, b in zip(weights, biases)]
                     results.append({
-                        "shape": shape, "M": m, "producer": producer_name, "consumer": "norm + router in one op",
+                        "shape": shape, "M": m, "producer": producer_name, "consumer": "producer + router in one op",
                         "after_layer": after_layer_us(calls),
                         "back_to_back": round(graph_time_us(calls, replays=replays), 3),
                     })
