@@ -53,7 +53,7 @@ def aot_directory() -> Path:
         return Path(prebuilt).resolve()
     out = BUILD / "aot"
     package = ROOT / "kimi_router_ops"
-    inputs = [package / "variants.py", *(package / "aot").glob("*.py"), *(package / "kernels").glob("*.py")]
+    inputs = [*(package / "tables").glob("*.py"), *(package / "aot").glob("*.py"), *(package / "kernels").glob("*.py")]
     table = out / "kimi_kernels.h"
     # pip runs setup.py more than once per install; compile again only when a source changed.
     if not table.exists() or table.stat().st_mtime < max(p.stat().st_mtime for p in inputs):

@@ -138,7 +138,7 @@ def router_gemm(hidden_states: Tensor, router_weight: Tensor, bias: Tensor | Non
 @_op(lambda x, w, variant, out_dtype=torch.float32, **_: _logits(x, w, out_dtype))
 def router_gemm_with_variant(hidden_states: Tensor, router_weight: Tensor, variant: str,
                              out_dtype: torch.dtype = torch.float32) -> Tensor:
-    """`router_gemm` without a bias, with the kernel named (a row of variants.ALL_VARIANTS
+    """`router_gemm` without a bias, with the kernel named (a row of tables.gemm.ALL_VARIANTS
     for router_weight's dtype, or "cublas"). For benchmarks and tests."""
     return _ops.router_gemm_with_variant.default(hidden_states, router_weight, variant, out_dtype)
 
@@ -226,7 +226,7 @@ def router_with_variant(hidden_states: Tensor, router_weight: Tensor, e_score_co
                         variant: str, scoring: str = "sigmoid", gate_bias: Tensor | None = None,
                         input_ids: Tensor | None = None,
                         hash_table: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """`router` with the fused kernel named: a row of variants.ROUTER_VARIANTS, which must
+    """`router` with the fused kernel named: a row of tables.router.ROUTER_VARIANTS, which must
     serve the problem on this GPU (`RuntimeError` otherwise). The CPU checks the name and
     runs the reference. For benchmarks and tests."""
     return _ops.router_with_variant.default(hidden_states, router_weight, e_score_correction_bias, top_k, n_group,

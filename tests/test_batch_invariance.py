@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from conftest import HAS_CUDA
 from test_moe_routing import make_logits
 from test_router import make_case
@@ -106,7 +106,7 @@ def test_the_tables_sum_as_m1_does():
                             assert twin == "cublas", args
                             continue
                         (name, vec), (twin_name, twin_vec) = default.split(":"), twin.split(":")
-                        row, twin_row = variants.variant(name), variants.variant(twin_name)
+                        row, twin_row = tables.gemm.variant(name), tables.gemm.variant(twin_name)
                         assert vec == twin_vec and twin_row.kernel.token_tiles, (args, default, twin)
                         rows = dict(rows_per_cta=row.kernel.rows_per_cta, k=row.kernel.k) if hasattr(row.kernel, "k") else {}
                         assert replace(twin_row.kernel, token_tiles=row.kernel.token_tiles, **rows) == row.kernel, args

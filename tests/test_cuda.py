@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from conftest import MODEL_SHAPES, assert_gemm_close, random_bf16, requires_kernel_gpu
 
 pytestmark = requires_kernel_gpu
@@ -31,10 +31,10 @@ def test_model_shapes(model, m, out_dtype):
     check(kimi_router_ops.ll_bf16_gemm(x, w, out_dtype), x, w, out_dtype)
 
 
-@pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS] + ["cublas"])
+@pytest.mark.parametrize("variant", [v.name for v in tables.gemm.ALL_VARIANTS] + ["cublas"])
 @pytest.mark.parametrize("aligned", [True, False])
 def test_every_variant(variant, aligned):
-    row = next((v for v in variants.ALL_VARIANTS if v.name == variant), None)
+    row = next((v for v in tables.gemm.ALL_VARIANTS if v.name == variant), None)
     tokens = row.tokens if row else 16
     k = 7168 if aligned else 7167
     for m in sorted({1, tokens}):
@@ -49,11 +49,11 @@ def test_every_variant(variant, aligned):
             check(kimi_router_ops.router_gemm_with_variant(x, w, variant, out_dtype), x, w, out_dtype)
 
 
-@pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS])
+@pytest.mark.parametrize("variant", [v.name for v in tables.gemm.ALL_VARIANTS])
 def test_every_variant_odd_shapes(variant):
     """Tails of every split: N not a multiple of the expert tile, K not a multiple of the
     32-element chunk or of the warps' and cluster's share of it, M inside the token bucket."""
-    row = next(v for v in variants.ALL_VARIANTS if v.name == variant)
+    row = next(v for v in tables.gemm.ALL_VARIANTS if v.name == variant)
     k_only = getattr(row.kernel, "k", 0)  # K compiled in: that K, every N tail; others refused
     shapes = [(1, k_only), (17, k_only), (895, k_only)] if k_only else [(1, 8), (17, 40), (33, 7176), (895, 1000)]
     for n, k in shapes:
@@ -67,11 +67,11 @@ def test_every_variant_odd_shapes(variant):
             kimi_router_ops.router_gemm_with_variant(x, w, variant)
 
 
-@pytest.mark.parametrize("variant", [v.name for v in variants.ALL_VARIANTS if isinstance(v.kernel, variants.Mma)])
+@pytest.mark.parametrize("variant", [v.name for v in tables.gemm.ALL_VARIANTS if isinstance(v.kernel, tables.gemm.Mma)])
 def test_tensor_core_variants_take_any_m_in_token_tiles(variant):
     """More tokens than a CTA computes take more CTAs (grid z): each tile's rows, the
     partial last tile and every output of every tile."""
-    tokens = variants.variant(variant).kernel.tokens
+    tokens = tables.gemm.variant(variant).kernel.tokens
     for n, k in [(33, 7176), (300, 1000)]:
         for m in (tokens + 1, 2 * tokens + 3, 5 * tokens):
             x, w = random_bf16(m, k, device="cuda"), random_bf16(n, k, device="cuda")
@@ -84,8 +84,8 @@ def test_tensor_core_kernels_of_one_k_split_sum_alike():
     for bit. (So a token-tiled kernel above M = 16 gives each token what the 16-token kernel
     gives it.)"""
     groups = {}
-    for v in variants.ALL_VARIANTS:
-        if isinstance(v.kernel, variants.Mma):
+    for v in tables.gemm.ALL_VARIANTS:
+        if isinstance(v.kernel, tables.gemm.Mma):
             groups.setdefault((v.kernel.cluster_k, v.kernel.warps, v.kernel.unroll), []).append(v.name)
     compared = 0
     for names in groups.values():
@@ -126,8 +126,8 @@ def test_the_chosen_m1_kernel_sums_as_its_run_time_k_twins(model, out_dtype):
     dot-product row with its threads and unroll, whatever their experts a CTA and K."""
     n, k = MODEL_SHAPES[model]
     x, w = random_bf16(1, k, device="cuda"), random_bf16(n, k, device="cuda")
-    chosen = variants.variant(kimi_router_ops.chosen_variant(1, n, k).split(":")[0]).kernel
-    twins = [v.name for v in variants.ALL_VARIANTS if isinstance(v.kernel, variants.Dotprod) and v.kernel.tokens == 1
+    chosen = tables.gemm.variant(kimi_router_ops.chosen_variant(1, n, k).split(":")[0]).kernel
+    twins = [v.name for v in tables.gemm.ALL_VARIANTS if isinstance(v.kernel, tables.gemm.Dotprod) and v.kernel.tokens == 1
              and not v.kernel.token_tiles and v.kernel.weight_dtype == "bfloat16"
              and (v.kernel.threads, v.kernel.unroll, v.kernel.k) == (chosen.threads, chosen.unroll, 0)]
     assert twins, chosen

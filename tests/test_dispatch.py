@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from kimi_router_ops.aot import compiled_kernels
 from conftest import CUDA_BUILD, MODEL_SHAPES, requires_cuda_build
 
@@ -20,13 +20,13 @@ requires_aot_build = pytest.mark.skipif(
 
 
 def row(name):
-    return variants.variant(name)
+    return tables.gemm.variant(name)
 
 
 def choice(m, n, k):
     """The dispatch rule for an aligned problem, restated from CHOICES: the C++ choice is
     held to it."""
-    return next((c.variant for c in variants.CHOICES if c.weight_dtype == "bfloat16"
+    return next((c.variant for c in tables.gemm.CHOICES if c.weight_dtype == "bfloat16"
                  and c.m_lo <= m <= c.m_hi and c.n_min <= n <= c.n_max and c.k_min <= k <= c.k_max), "cublas")
 
 
@@ -51,15 +51,15 @@ def test_every_m_gets_the_first_choice_that_takes_it(m, n, k):
 
 
 def test_choices_of_a_compiled_in_k_take_that_k_only():
-    for table in (variants.CHOICES, variants.BATCH_INVARIANT_CHOICES):
+    for table in (tables.gemm.CHOICES, tables.gemm.BATCH_INVARIANT_CHOICES):
         for c in table:
             k_only = getattr(row(c.variant).kernel, "k", 0) if c.variant != "cublas" else 0
             assert k_only in (0, c.k_min) and (not k_only or c.k_max == k_only), c
 
 
 def test_choices_name_compiled_rows_and_cover_every_m_up_to_16():
-    names = {v.name for v in variants.VARIANTS}  # product rows: no choice runs an experiment
-    assert all(c.variant in names | {"cublas"} for c in variants.CHOICES)
+    names = {v.name for v in tables.gemm.VARIANTS}  # product rows: no choice runs an experiment
+    assert all(c.variant in names | {"cublas"} for c in tables.gemm.CHOICES)
     for n in (1, 64, 256, 384, 385, 896, 897, 1024, 100000):
         for k in (8, 2048, 7168, 8192, 8200):
             for m in range(1, 17):
@@ -126,21 +126,21 @@ def symbols(family=""):
 @requires_cuda_build
 def test_every_variant_is_linked_for_every_arch():
     assert kimi_router_ops.compiled_kernels() == symbols()
-    archs = {arch for arch, _ in variants.ARCHS}
+    archs = {arch for arch, _ in tables.ARCHS}
     assert archs == {"sm_90a", "sm_100a"}
-    assert len(symbols("Gemm")) == (sum(len(v.kernel.vecs) * len(v.x_dtypes) for v in variants.ALL_VARIANTS)
-                                    * len(variants.OUT_DTYPES) * len(archs))
-    assert len(symbols("Router")) == len(variants.ROUTER_VARIANTS) * len(variants.BIAS_DTYPES) * len(archs)
-    assert len(symbols("Routing")) == (len(variants.ROUTER_N_RANGES) * len(variants.OUT_DTYPES)
-                                       * len(variants.BIAS_DTYPES) * len(archs))
+    assert len(symbols("Gemm")) == (sum(len(v.kernel.vecs) * len(v.x_dtypes) for v in tables.gemm.ALL_VARIANTS)
+                                    * len(tables.OUT_DTYPES) * len(archs))
+    assert len(symbols("Router")) == len(tables.router.ROUTER_VARIANTS) * len(tables.BIAS_DTYPES) * len(archs)
+    assert len(symbols("Routing")) == (len(tables.ROUTER_N_RANGES) * len(tables.OUT_DTYPES)
+                                       * len(tables.BIAS_DTYPES) * len(archs))
     assert len(set(symbols())) == len(symbols())
 
 
 def test_router_rows_fuse_existing_gemm_rows():
-    names = {v.name for v in variants.VARIANTS}  # product rows
-    for r in variants.ROUTER_VARIANTS:
+    names = {v.name for v in tables.gemm.VARIANTS}  # product rows
+    for r in tables.router.ROUTER_VARIANTS:
         assert r.gemm in names
-        assert r.m_hi <= variants.variant(r.gemm).max_m  # the GEMM kernel computes M tokens
+        assert r.m_hi <= tables.gemm.variant(r.gemm).max_m  # the GEMM kernel computes M tokens
         assert r.n_max <= 1024  # a warp routes at most 32 experts per lane
 
 
@@ -151,7 +151,7 @@ def test_at_publisher_rows_route_every_token_they_serve():
     pytest.importorskip("cutlass", reason="the kernel objects need nvidia-cutlass-dsl")
     from kimi_router_ops import aot
 
-    rows = [r for r in variants.ROUTER_VARIANTS if r.at_publisher]
+    rows = [r for r in tables.router.ROUTER_VARIANTS if r.at_publisher]
     assert rows
     for r in rows:
         router = aot.router_object(r)
@@ -179,7 +179,7 @@ def global_loads_before(ptx, mark="griddepcontrol.wait"):
 
 
 @requires_aot_build
-@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+@pytest.mark.parametrize("arch", [a for a, _ in tables.ARCHS])
 def test_ptx_only_prefetch_variants_load_before_the_pdl_wait(arch):
     checked = 0
     for k in compiled_kernels("Gemm", arch):
@@ -224,7 +224,7 @@ def test_ptx_prefetch_loads_read_the_weight_pointer():
 
 
 @requires_aot_build
-@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+@pytest.mark.parametrize("arch", [a for a, _ in tables.ARCHS])
 def test_ptx_norm_kernels_signal_at_entry_and_read_only_their_weight_before_the_wait(arch):
     """The norm lets a router behind it launch at once, and before its grid-dependency wait
     it reads nothing an earlier kernel writes: only one step of the norm weight (param 2).
@@ -245,7 +245,7 @@ def test_ptx_norm_kernels_signal_at_entry_and_read_only_their_weight_before_the_
 
 
 def mma_kernels(arch="sm_90a"):
-    return [(k.row, k.symbol) for k in compiled_kernels("Gemm", arch) if isinstance(k.row.kernel, variants.Mma)]
+    return [(k.row, k.symbol) for k in compiled_kernels("Gemm", arch) if isinstance(k.row.kernel, tables.gemm.Mma)]
 
 
 @requires_aot_build
@@ -287,7 +287,7 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
 
 
 @requires_aot_build
-@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+@pytest.mark.parametrize("arch", [a for a, _ in tables.ARCHS])
 def test_ptx_fused_router_signals_the_next_kernel_where_its_row_says(arch):
     """launch_dependents once: at kernel entry (before any global load), after the weight
     prefetch and before the PDL wait, or after the wait and the first step's loads."""
@@ -296,7 +296,7 @@ def test_ptx_fused_router_signals_the_next_kernel_where_its_row_says(arch):
         ptx = ptx_body(k.symbol, arch)
         assert ptx.count("griddepcontrol.launch_dependents") == 1, r.name
         head = ptx.partition("griddepcontrol.launch_dependents")[0]
-        gemm = variants.variant(r.gemm)
+        gemm = tables.gemm.variant(r.gemm)
         prefetched = gemm.kernel.prefetch_loads() if gemm.prefetch else 0
         if r.trigger == "after_x":
             assert "griddepcontrol.wait" in head, r.name
@@ -307,7 +307,7 @@ def test_ptx_fused_router_signals_the_next_kernel_where_its_row_says(arch):
 
 
 @requires_aot_build
-@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+@pytest.mark.parametrize("arch", [a for a, _ in tables.ARCHS])
 def test_ptx_fused_router_hands_off_through_the_buffer(arch):
     """In every fused router kernel: each logit's score is published with one relaxed
     gpu-scope store and polled with relaxed gpu-scope loads (they bypass L1), all after the PDL wait,
@@ -330,7 +330,7 @@ def test_ptx_fused_router_hands_off_through_the_buffer(arch):
 
 
 @requires_aot_build
-@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+@pytest.mark.parametrize("arch", [a for a, _ in tables.ARCHS])
 def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
     """A row with the bias prefetch asks L2 for the bias (kernel parameter 3, after the gate
     bias; rounded up to
@@ -341,7 +341,7 @@ def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
         ptx = ptx_body(k.symbol, arch)
         head = ptx.partition("griddepcontrol.wait")[0]
         assert ptx.count("prefetch") == head.count("cp.async.bulk.prefetch.L2.global [") == int(r.bias_prefetch)
-        gemm = variants.variant(r.gemm)
+        gemm = tables.gemm.variant(r.gemm)
         assert len(global_loads_before(ptx)) == (gemm.kernel.prefetch_loads() if gemm.prefetch else 0)
         if r.bias_prefetch:
             params = dict(re.findall(r"ld\.param\.b64\s+(%rd\d+), \[\w+_param_(\d)\];", head))
@@ -352,7 +352,7 @@ def test_ptx_fused_router_prefetches_only_the_bias_before_the_wait(arch):
 
 
 @requires_aot_build
-@pytest.mark.parametrize("arch", [a for a, _ in variants.ARCHS])
+@pytest.mark.parametrize("arch", [a for a, _ in tables.ARCHS])
 def test_ptx_attn_res_signals_at_entry_and_reads_only_its_weights_before_the_wait(arch):
     """The router behind AttnRes may launch at once; before the wait AttnRes reads its three
     weight vectors alone, after it every source at once (16-byte loads)."""
@@ -361,4 +361,4 @@ def test_ptx_attn_res_signals_at_entry_and_reads_only_its_weights_before_the_wai
     assert global_loads_before(ptx, "griddepcontrol.launch_dependents") == []
     assert len(global_loads_before(ptx)) == 3
     body = ptx.partition("griddepcontrol.wait")[2]
-    assert len(re.findall(r"ld\.global\.v4", body)) == 2 + variants.ATTN_RES_KERNEL.max_blocks
+    assert len(re.findall(r"ld\.global\.v4", body)) == 2 + tables.attn_res.ATTN_RES_KERNEL.max_blocks

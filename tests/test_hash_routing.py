@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from conftest import HAS_CUDA, call_in, requires_kernel_gpu
 from test_moe_routing import make_logits
 from test_router import make_case
@@ -96,7 +96,7 @@ def test_router_matches_the_routing_op(device, shape, m):
 
 
 @requires_kernel_gpu
-@pytest.mark.parametrize("row", variants.ROUTER_VARIANTS, ids=lambda r: r.name)
+@pytest.mark.parametrize("row", tables.router.ROUTER_VARIANTS, ids=lambda r: r.name)
 def test_every_fused_row(row):
     """Each fused row, forced, hash-routed at both ends of its M range, with both index dtypes."""
     n = max(row.n_min, 256 if row.n_max >= 256 else row.n_max)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from kimi_router_ops.testing import reference_router
 from conftest import HAS_CUDA, call_in, dot_error, random_bf16, requires_kernel_gpu
 from test_moe_routing import check_routing
@@ -70,13 +70,13 @@ def fused_rows_gemm(x, w, top_k, n_group=1, topk_group=1):
             x.shape[0], w.shape[0], x.shape[1], top_k, n_group, topk_group, major * 10 + minor)
     if not row.startswith("router_"):  # two launches (or the reference): the GEMM op first
         return kimi_router_ops.ll_bf16_gemm(x, w)
-    gemm = next(r.gemm for r in variants.ROUTER_VARIANTS if r.name == row)
+    gemm = next(r.gemm for r in tables.router.ROUTER_VARIANTS if r.name == row)
     return kimi_router_ops.router_gemm_with_variant(x, w, gemm)
 
 
 def two_launches(m, n):
     """Where the router op runs the GEMM op and then moe_routing, with no fused row: Kimi-K3's
-    385..896 experts at M = 9..16, faster so behind every producer (variants.ROUTER_GEMMS)."""
+    385..896 experts at M = 9..16, faster so behind every producer (tables.router.ROUTER_GEMMS)."""
     return 9 <= m <= 16 and 384 < n <= 896
 
 
@@ -101,9 +101,9 @@ def test_fused_rows_run_the_gemm_ops_kernel():
     of M = 2..8) and M = 2 from 129 to 256 (the M = 1 dot product's shape with two tokens) route
     faster on it, and at M = 9..16 above 896 experts the GEMM op runs cuBLAS."""
     def arithmetic(name):
-        v = variants.variant(name)
+        v = tables.gemm.variant(name)
         kernel = v.kernel
-        if isinstance(kernel, variants.Mma):
+        if isinstance(kernel, tables.gemm.Mma):
             # An expert's row in its MMA tile and each warp's K chunks do not depend on the
             # tiles a CTA holds.
             return (kernel.cluster_k, kernel.warps, kernel.unroll, kernel.tokens), v.prefetch, v.pdl
@@ -117,7 +117,7 @@ def test_fused_rows_run_the_gemm_ops_kernel():
             if two_launches(m, n):
                 assert row == "gemm+moe_routing", (m, n, row)
                 continue
-            gemm = next(r.gemm for r in variants.ROUTER_VARIANTS if r.name == row)
+            gemm = next(r.gemm for r in tables.router.ROUTER_VARIANTS if r.name == row)
             if faster_other_kernel(m, n):
                 assert gemm == faster_other_kernel(m, n), (m, n, gemm)
             else:
@@ -269,7 +269,7 @@ def test_many_equal_experts_in_groups_go_to_the_lowest_ids(device, m):
     x, w = random_bf16(m, 64, device=device), torch.zeros(256, 64, dtype=torch.bfloat16, device=device)
     bias = torch.zeros(256, device=device)
     bias[200] = 1.0  # group 6 beats every other group, and expert 200 every other expert
-    rows = [None] + [r for r in variants.ROUTER_VARIANTS
+    rows = [None] + [r for r in tables.router.ROUTER_VARIANTS
                      if device == "cuda" and r.n_max == 256 and r.m_lo <= m <= r.m_hi]
     args = (x, w, bias, 8, 8, 4, True, 2.5)
     for row in rows:
@@ -322,7 +322,7 @@ def test_bias_at_any_alignment(dtype, offset):
     """A bias that starts inside a 16-byte unit (a slice of a larger tensor): the kernels'
     bias prefetch covers only whole units inside it, and every row routes it right."""
     n = 384
-    for row in variants.ROUTER_VARIANTS:
+    for row in tables.router.ROUTER_VARIANTS:
         if not row.n_min <= n <= row.n_max:
             continue
         x, w, bias = make_case(row.m_lo, n, 7168, 8, 1, 1, None, "cuda", seed=offset)
@@ -452,7 +452,7 @@ def test_two_streams_route_concurrently():
 def test_forced_router_variant_on_cpu_is_the_reference():
     x, w, bias = make_case(3, 64, 96, 6, 4, 2)
     expected = kimi_router_ops.ll_bf16_router(x, w, bias, 6, 4, 2, True, 2.5)
-    for r in variants.ROUTER_VARIANTS:
+    for r in tables.router.ROUTER_VARIANTS:
         out = kimi_router_ops.router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, r.name)
         assert all(torch.equal(a, b) for a, b in zip(out, expected))
     with pytest.raises(RuntimeError, match="router_with_variant: unknown variant 'router_nope'; expected one of: "
@@ -460,7 +460,7 @@ def test_forced_router_variant_on_cpu_is_the_reference():
         kimi_router_ops.router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, "router_nope")
     gate_bias = random_bf16(64)  # router's contract and reference, gate bias included
     expected = kimi_router_ops.router(x, w, bias, 6, 4, 2, True, 2.5, gate_bias=gate_bias)
-    out = kimi_router_ops.router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, variants.ROUTER_VARIANTS[0].name,
+    out = kimi_router_ops.router_with_variant(x, w, bias, 6, 4, 2, True, 2.5, tables.router.ROUTER_VARIANTS[0].name,
                                               gate_bias=gate_bias)
     assert all(torch.equal(a, b) for a, b in zip(out, expected))
 
@@ -470,12 +470,12 @@ def test_forced_router_variant_opcheck():
     for gate_bias in (None, random_bf16(64)):
         torch.library.opcheck(
             torch.ops.kimi.router_with_variant.default,
-            (x, w, bias, 6, 4, 2, True, 2.5, variants.ROUTER_VARIANTS[0].name, "sigmoid", gate_bias),
+            (x, w, bias, 6, 4, 2, True, 2.5, tables.router.ROUTER_VARIANTS[0].name, "sigmoid", gate_bias),
         )
 
 
 @requires_kernel_gpu
-@pytest.mark.parametrize("row", variants.ROUTER_VARIANTS, ids=lambda r: r.name)
+@pytest.mark.parametrize("row", tables.router.ROUTER_VARIANTS, ids=lambda r: r.name)
 def test_every_router_variant(row):
     """Each fused row, forced, on every model config it can route, at both ends of its M
     range and with each bias kind: the reference's routing and the GEMM row's logits."""
@@ -494,7 +494,7 @@ def test_every_router_variant(row):
 
 @requires_kernel_gpu
 @settings(max_examples=100, deadline=None)
-@given(problem=fused_router_problems(), row=st.sampled_from(variants.ROUTER_VARIANTS), renormalize=st.booleans())
+@given(problem=fused_router_problems(), row=st.sampled_from(tables.router.ROUTER_VARIANTS), renormalize=st.booleans())
 def test_property_cuda_forced_rows(problem, row, renormalize):
     problem["m"] = min(problem["m"], row.m_hi)
     if problem["n"] > row.n_max:
@@ -509,13 +509,13 @@ def test_property_cuda_forced_rows(problem, row, renormalize):
 @requires_kernel_gpu
 def test_forced_router_variant_that_cannot_serve_is_an_error():
     x, w, bias = make_case(4, 384, 7168, 8, 1, 1, device="cuda")
-    small = next(r for r in variants.ROUTER_VARIANTS if r.n_max == 256 and r.m_lo <= 4 <= r.m_hi)
+    small = next(r for r in tables.router.ROUTER_VARIANTS if r.n_max == 256 and r.m_lo <= 4 <= r.m_hi)
     with pytest.raises(RuntimeError, match=f"variant {small.name} routes N <= 256 experts, got N = 384"):
         kimi_router_ops.router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, small.name)
-    m1 = variants.ROUTER_VARIANTS[0]
+    m1 = tables.router.ROUTER_VARIANTS[0]
     with pytest.raises(RuntimeError, match=f"variant {m1.name} handles 1 <= M <= 1, got M = 4"):
         kimi_router_ops.router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, m1.name)
-    fits = next(r for r in variants.ROUTER_VARIANTS if r.n_min <= 384 <= r.n_max and r.m_lo <= 4 <= r.m_hi)
+    fits = next(r for r in tables.router.ROUTER_VARIANTS if r.n_min <= 384 <= r.n_max and r.m_lo <= 4 <= r.m_hi)
     with pytest.raises(RuntimeError, match="picks top_k <= 32, got 33"):
         kimi_router_ops.router_with_variant(x, w, bias, 33, 1, 1, True, 1.0, fits.name)
     check_router(kimi_router_ops.ll_bf16_router(x, w, bias, 8), x, w, bias, 8, 1, 1, True, 1.0)

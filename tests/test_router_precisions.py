@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from conftest import HAS_CUDA, random_bf16, requires_kernel_gpu
 from test_router import check_router
 
@@ -115,11 +115,11 @@ def test_dispatch_by_weight_dtype():
 
 
 def test_fp32_choices_are_fp32_rows():
-    for c in variants.CHOICES:
+    for c in tables.gemm.CHOICES:
         if c.variant != "cublas":
-            assert variants.variant(c.variant).kernel.weight_dtype == c.weight_dtype, c
-    for r in variants.ROUTER_VARIANTS:
-        assert r.m_hi <= variants.variant(r.gemm).max_m
+            assert tables.gemm.variant(c.variant).kernel.weight_dtype == c.weight_dtype, c
+    for r in tables.router.ROUTER_VARIANTS:
+        assert r.m_hi <= tables.gemm.variant(r.gemm).max_m
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -205,7 +205,7 @@ def test_gpt_oss_router_is_one_launch():
 
 
 @requires_kernel_gpu
-@pytest.mark.parametrize("row", [r for r in variants.ROUTER_VARIANTS if r.weight_dtype == "float32"],
+@pytest.mark.parametrize("row", [r for r in tables.router.ROUTER_VARIANTS if r.weight_dtype == "float32"],
                          ids=lambda r: r.name)
 def test_every_fp32_router_row_with_a_gate_bias(row):
     for n in sorted({row.n_min, min(row.n_max, 300)}):

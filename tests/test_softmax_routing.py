@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from kimi_router_ops.testing import NEAR, near_tie
 from conftest import HAS_CUDA, requires_kernel_gpu
 from test_moe_routing import check, check_padding_rows, make_logits, padding_rows, routing_problems
@@ -165,7 +165,7 @@ def test_router_property_cuda_fused(problem, renormalize, factor):
 
 @requires_kernel_gpu
 @settings(max_examples=60, deadline=None)
-@given(problem=fused_router_problems(), row=st.sampled_from(variants.ROUTER_VARIANTS), renormalize=st.booleans())
+@given(problem=fused_router_problems(), row=st.sampled_from(tables.router.ROUTER_VARIANTS), renormalize=st.booleans())
 def test_router_property_cuda_every_row(problem, row, renormalize):
     x, w, bias = make_case(**problem, device="cuda")
     w = w.to(getattr(torch, row.weight_dtype))

@@ -15,7 +15,7 @@ import sys
 import torch
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from kimi_router_ops.testing import dot_error, near_tie, reference_router, reference_routing
 
 N_LIST = (1, 3, 17, 895)
@@ -54,7 +54,7 @@ def main():
         shapes = [tuple(int(v) for v in s.split(",")) for s in args.shapes]
     calls = 0
     worst = 0.0
-    for v in variants.ALL_VARIANTS:
+    for v in tables.gemm.ALL_VARIANTS:
         if not re.search(args.only, v.name):
             continue
         # Tensor-core rows: a second, partial token tile too (grid z).
@@ -76,7 +76,7 @@ def main():
                     err = dot_error(out, x, w)
                     worst = max(worst, err if out_dtype == torch.float32 else err / 800)
                     calls += 1
-    for r in variants.ROUTER_VARIANTS:
+    for r in tables.router.ROUTER_VARIANTS:
         if not re.search(args.only, r.name):
             continue
         for m in sorted({r.m_lo, r.m_hi}):
@@ -116,7 +116,7 @@ def main():
         # Hash-routed layers: the routing kernel and every fused row that serves DeepSeek-V4's
         # shape, int32 and int64 indices, with out-of-range tokens and experts (flagged: expert
         # 0, NaN weight; memcheck says nothing is read outside the table).
-        bf16_rows = [r for r in variants.ROUTER_VARIANTS if r.n_min <= 384 <= r.n_max and r.weight_dtype == "bfloat16"]
+        bf16_rows = [r for r in tables.router.ROUTER_VARIANTS if r.n_min <= 384 <= r.n_max and r.weight_dtype == "bfloat16"]
         for n, k, m_list, rows in ((384, 7168, (1, 2, 16, 40), [None] + bf16_rows), (1000, 64, (5,), [None])):
             for m in m_list:
                 for dtype in (torch.int32, torch.int64):

@@ -1,4 +1,4 @@
-"""The ahead-of-time build: every kernel of the tables (variants.py) compiled on fake tensors
+"""The ahead-of-time build: every kernel of the tables (kimi_router_ops/tables/) compiled on fake tensors
 and exported to C, and the C++ the dispatch includes. No GPU is needed.
 
     python -m kimi_router_ops.aot --tables build/generated   # kimi_tables.h (every build)

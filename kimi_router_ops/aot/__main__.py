@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import variants
+from .. import tables
 from . import cpp
 from .families import FAMILIES, fake_arguments
 
@@ -73,7 +73,7 @@ def build(out_dir: Path) -> None:
     """All architectures, one child process each (in parallel), then kimi_kernels.h."""
     out_dir.mkdir(parents=True, exist_ok=True)
     children = []
-    for arch, _ in variants.ARCHS:
+    for arch, _ in tables.ARCHS:
         # No compile cache: a cache hit skips writing the PTX that the static check reads.
         env = dict(os.environ, CUTE_DSL_ARCH=arch, CUTE_DSL_DUMP_DIR=str(out_dir / "dump" / arch),
                    CUTE_DSL_NO_CACHE="1", KIMI_ROUTER_OPS_BUILD="1")
@@ -97,7 +97,7 @@ def main() -> None:
         args.tables.mkdir(parents=True, exist_ok=True)
         write_if_changed(args.tables / "kimi_tables.h", cpp.tables_header())
     if args.out and args.arch:
-        build_arch(args.out.resolve(), args.arch, dict(variants.ARCHS)[args.arch])
+        build_arch(args.out.resolve(), args.arch, dict(tables.ARCHS)[args.arch])
     elif args.out:
         build(args.out.resolve())
 

@@ -1,9 +1,9 @@
-"""The C++ the build generates: kimi_tables.h (the dispatch's tables, from variants.py; every
+"""The C++ the build generates: kimi_tables.h (the dispatch's tables, from kimi_router_ops/tables/; every
 build) and kimi_kernels.h (per family: the argument struct, the table of compiled kernels and
 one launch adapter a kernel, over the headers export_to_c wrote; CUDA builds). Each struct is
 written from the same list as its rows, so no layout is restated by hand."""
 
-from .. import variants as v
+from .. import tables
 from .families import FAMILIES, SCALAR_TYPES, compiled_kernels
 
 _C_SCALARS = {"int32": "int32_t", "float32": "float"}
@@ -45,7 +45,7 @@ _GEMM_ROW = (
 )
 _CHOICE_ROW = (
     ("int", "variant", "index into kVariantRows; -1: cuBLAS",
-     lambda c: str(next((i for i, r in enumerate(v.ALL_VARIANTS) if r.name == c.variant), -1))),
+     lambda c: str(next((i for i, r in enumerate(tables.gemm.ALL_VARIANTS) if r.name == c.variant), -1))),
     ("int", "m_lo", "", lambda c: str(c.m_lo)), ("int", "m_hi", "", lambda c: str(c.m_hi)),
     ("int64_t", "n_min", "", lambda c: str(c.n_min)), ("int64_t", "n_max", "", lambda c: str(c.n_max)),
     ("int64_t", "k_min", "", lambda c: str(c.k_min)), ("int64_t", "k_max", "", lambda c: str(c.k_max)),
@@ -62,33 +62,33 @@ _ROUTER_ROW = (
 
 
 def tables_header() -> str:
-    scoring = ", ".join(f"k{s.name.title()} = {s.value}" for s in v.Scoring)
-    names = ", ".join(_string(s.name.lower()) for s in v.Scoring)
+    scoring = ", ".join(f"k{s.name.title()} = {s.value}" for s in tables.Scoring)
+    names = ", ".join(_string(s.name.lower()) for s in tables.Scoring)
     constants = {
-        "kRouterMaxTopK": v.ROUTER_MAX_TOP_K, "kRouterMaxM": max(r.m_hi for r in v.ROUTER_VARIANTS),
-        "kRouterMaxN": max(r.n_max for r in v.ROUTER_VARIANTS), "kRouterMaxGroups": v.ROUTER_MAX_GROUPS,
-        "kAttnResMaxBlocks": v.ATTN_RES_KERNEL.max_blocks, "kAttnResMaxHidden": v.ATTN_RES_KERNEL.max_hidden,
+        "kRouterMaxTopK": tables.ROUTER_MAX_TOP_K, "kRouterMaxM": max(r.m_hi for r in tables.router.ROUTER_VARIANTS),
+        "kRouterMaxN": max(r.n_max for r in tables.router.ROUTER_VARIANTS), "kRouterMaxGroups": tables.ROUTER_MAX_GROUPS,
+        "kAttnResMaxBlocks": tables.attn_res.ATTN_RES_KERNEL.max_blocks, "kAttnResMaxHidden": tables.attn_res.ATTN_RES_KERNEL.max_hidden,
     }
     return "\n".join([
-        "// Generated from kimi_router_ops/variants.py by kimi_router_ops.aot. Do not edit.",
+        "// Generated from kimi_router_ops/tables/ by kimi_router_ops.aot. Do not edit.",
         "#pragma once\n",
         "#include <torch/headeronly/core/ScalarType.h>\n",
         "#include <cstdint>\n",
         "namespace kimi {\n",
-        "// How logits become routing scores (variants.Scoring): the ops' `scoring` argument names one.",
+        "// How logits become routing scores (tables.Scoring): the ops' `scoring` argument names one.",
         f"enum class Scoring : int32_t {{ {scoring} }};",
         f"inline constexpr const char* kScoringNames[] = {{{names}}};\n",
-        _struct("RoutingScalars", "The routing kernels' scalar arguments (variants.ROUTING_SCALARS).",
-                [(_C_SCALARS[kind], name, "") for name, kind in v.ROUTING_SCALARS]),
+        _struct("RoutingScalars", "The routing kernels' scalar arguments (tables.ROUTING_SCALARS).",
+                [(_C_SCALARS[kind], name, "") for name, kind in tables.ROUTING_SCALARS]),
         "// inline: one array for the whole program, so row pointers compare across files.",
-        _table("VariantRow", "A GEMM kernel (variants.ALL_VARIANTS).", "kVariantRows", _GEMM_ROW, v.ALL_VARIANTS),
-        _table("ChoiceRow", "The GEMM dispatch (variants.CHOICES): the first row that holds M, N, K and the "
-               "weights' dtype.", "kChoiceRows", _CHOICE_ROW, v.CHOICES),
-        "// The GEMM dispatch in batch-invariant mode (variants.BATCH_INVARIANT_CHOICES).",
+        _table("VariantRow", "A GEMM kernel (tables.gemm.ALL_VARIANTS).", "kVariantRows", _GEMM_ROW, tables.gemm.ALL_VARIANTS),
+        _table("ChoiceRow", "The GEMM dispatch (tables.gemm.CHOICES): the first row that holds M, N, K and the "
+               "weights' dtype.", "kChoiceRows", _CHOICE_ROW, tables.gemm.CHOICES),
+        "// The GEMM dispatch in batch-invariant mode (tables.gemm.BATCH_INVARIANT_CHOICES).",
         _array("ChoiceRow", "kBatchInvariantChoiceRows",
-               [tuple(value(c) for *_, value in _CHOICE_ROW) for c in v.BATCH_INVARIANT_CHOICES]),
-        _table("RouterRow", "A fused router kernel (variants.ROUTER_VARIANTS): a GEMM kernel plus routing.",
-               "kRouterRows", _ROUTER_ROW, v.ROUTER_VARIANTS),
+               [tuple(value(c) for *_, value in _CHOICE_ROW) for c in tables.gemm.BATCH_INVARIANT_CHOICES]),
+        _table("RouterRow", "A fused router kernel (tables.router.ROUTER_VARIANTS): a GEMM kernel plus routing.",
+               "kRouterRows", _ROUTER_ROW, tables.router.ROUTER_VARIANTS),
         *(f"inline constexpr int {name} = {value};" for name, value in constants.items()),
         "\n}  // namespace kimi\n",
     ])
@@ -101,7 +101,7 @@ def _call_arguments(fam) -> str:
         if p.kind in ("tensor", "tensor3"):
             out.append(f"reinterpret_cast<{{s}}_Tensor_{p.name}_t*>(&a->{p.name})")
         elif p.kind == "routing":
-            out += [f"a->routing.{name}" for name, _ in v.ROUTING_SCALARS]
+            out += [f"a->routing.{name}" for name, _ in tables.ROUTING_SCALARS]
         else:
             out.append(f"a->{p.name}")
     return ", ".join(out)

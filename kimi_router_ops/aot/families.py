@@ -10,7 +10,7 @@ the two cannot disagree. CuTe DSL and the kernel modules are imported only when 
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import variants as v
+from .. import tables
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def _gemm_kernels(arch, sm):
     return [
         Kernel("Gemm", row, arch, sm, f"kimi_{row.name}_v{vec}{_x_suffix(row, x)}_{_SHORT[out]}_{arch}",
                vec=vec, x_dtype=x, out_dtype=out)
-        for row in v.ALL_VARIANTS for vec in row.kernel.vecs for x in row.x_dtypes for out in v.OUT_DTYPES
+        for row in tables.gemm.ALL_VARIANTS for vec in row.kernel.vecs for x in row.x_dtypes for out in tables.OUT_DTYPES
     ]
 
 
@@ -128,7 +128,7 @@ def gemm_object(row, vec, x_dtype="bfloat16", trigger=None):
 
     params = asdict(row.kernel)
     launch = dict(prefetch=row.prefetch, pdl=row.pdl, trigger=trigger or row.trigger)
-    if isinstance(row.kernel, v.Mma):
+    if isinstance(row.kernel, tables.gemm.Mma):
         return GemmMma(**params, **launch)
     params.update(max_m=params.pop("tokens"), vec=vec, weight_dtype=_dsl_type(params["weight_dtype"]),
                   x_dtype=_dsl_type(x_dtype))
@@ -145,13 +145,13 @@ def _compile_gemm(k):
 
 def _router_kernels(arch, sm):
     return [Kernel("Router", row, arch, sm, f"kimi_{row.name}_{_SHORT[bias]}_{arch}", bias_dtype=bias)
-            for row in v.ROUTER_VARIANTS for bias in v.BIAS_DTYPES]
+            for row in tables.router.ROUTER_VARIANTS for bias in tables.BIAS_DTYPES]
 
 
 def router_object(row):
     from ..kernels.router_fused import FusedRouter
 
-    gemm_row = v.variant(row.gemm)
+    gemm_row = tables.gemm.variant(row.gemm)
     gemm = gemm_object(gemm_row, gemm_row.kernel.vecs[0], trigger=row.trigger)
     return FusedRouter(gemm, n_max=row.n_max, exclusive=row.exclusive, bias_prefetch=row.bias_prefetch,
                         at_publisher=row.at_publisher)
@@ -188,7 +188,7 @@ def _compile_router(k):
 
 
 def _projection_kernels(arch, sm):
-    return [Kernel("Projection", row, arch, sm, f"kimi_{row.name}_{arch}") for row in v.PROJECTION_KERNELS]
+    return [Kernel("Projection", row, arch, sm, f"kimi_{row.name}_{arch}") for row in tables.projection.PROJECTION_KERNELS]
 
 
 def _compile_projection(k):
@@ -208,7 +208,7 @@ def _compile_projection(k):
 def _routing_kernels(arch, sm):
     return [Kernel("Routing", row, arch, sm,
                    f"kimi_moe_routing_n{row.n_max}_{_SHORT[row.logits_dtype]}_{_SHORT[row.bias_dtype]}_{arch}")
-            for row in v.ROUTING_KERNELS]
+            for row in tables.routing.ROUTING_KERNELS]
 
 
 def _compile_routing(k):
@@ -218,14 +218,14 @@ def _compile_routing(k):
 
     m, n = cute.sym_int32(symbol="M"), cute.sym_int32(symbol="N")
     tensors = {"logits": _row_major(k.row.logits_dtype, (m, n)), **_routing_outputs(m, n, k.row.bias_dtype)}
-    return MoeRouting(k.row.n_max, v.ROUTING_WARPS), tensors
+    return MoeRouting(k.row.n_max, tables.routing.ROUTING_WARPS), tensors
 
 
 # -- norms ----------------------------------------------------------------------------------
 
 
 def _norm_kernels(arch, sm):
-    return [Kernel("Norm", row, arch, sm, f"kimi_{row.op}_v{row.vec}_{arch}") for row in v.NORM_KERNELS]
+    return [Kernel("Norm", row, arch, sm, f"kimi_{row.op}_v{row.vec}_{arch}") for row in tables.norm.NORM_KERNELS]
 
 
 def _compile_norm(k):
@@ -252,7 +252,7 @@ def _compile_norm(k):
 
 
 def _attn_res_kernels(arch, sm):
-    return [Kernel("AttnRes", v.ATTN_RES_KERNEL, arch, sm, f"kimi_attn_res_{arch}")]
+    return [Kernel("AttnRes", tables.attn_res.ATTN_RES_KERNEL, arch, sm, f"kimi_attn_res_{arch}")]
 
 
 def _compile_attn_res(k):
@@ -282,13 +282,13 @@ def _index(rows, row) -> str:
 
 FAMILIES = (
     Family("Gemm", _params("x w gate_bias out:tensor has_gate_bias:int32"),
-           (("int", "variant", lambda k: _index(v.ALL_VARIANTS, k.row)), ("int", "vec", lambda k: str(k.vec)),
+           (("int", "variant", lambda k: _index(tables.gemm.ALL_VARIANTS, k.row)), ("int", "vec", lambda k: str(k.vec)),
             ("c10::ScalarType", "x_dtype", lambda k: SCALAR_TYPES[k.x_dtype]),
             ("c10::ScalarType", "out_dtype", lambda k: SCALAR_TYPES[k.out_dtype])),
            _gemm_kernels, _compile_gemm),
     Family("Router", _params("x w gate_bias bias logits weights ids handoff input_ids hash_table counts:tensor "
                              "routing:routing has_gate_bias:int32"),
-           (("int", "router", lambda k: _index(v.ROUTER_VARIANTS, k.row)),
+           (("int", "router", lambda k: _index(tables.router.ROUTER_VARIANTS, k.row)),
             ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.bias_dtype])),
            _router_kernels, _compile_router),
     Family("Projection", _params("x w gate_bias logits p projection:tensor has_gate_bias ctas:int32"),
@@ -312,7 +312,7 @@ FAMILIES = (
 
 def compiled_kernels(name: str = "", arch: str = "") -> list:
     """Every kernel the build compiles (of one family, for one architecture), in table order."""
-    return [k for f in FAMILIES if name in ("", f.name) for a, sm in v.ARCHS if arch in ("", a)
+    return [k for f in FAMILIES if name in ("", f.name) for a, sm in tables.ARCHS if arch in ("", a)
             for k in f.kernels(a, sm)]
 
 
@@ -327,7 +327,7 @@ def fake_arguments(fam: Family, tensors: dict) -> list:
         if p.kind in ("tensor", "tensor3"):
             args.append(tensors.pop(p.name))
         elif p.kind == "routing":
-            args += [scalar[kind] for _, kind in v.ROUTING_SCALARS]
+            args += [scalar[kind] for _, kind in tables.ROUTING_SCALARS]
         else:
             args.append(scalar[p.kind])
     assert not tensors, f"{fam.name}: fake tensors without a parameter: {sorted(tensors)}"

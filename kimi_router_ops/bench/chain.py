@@ -28,7 +28,7 @@ import argparse
 import torch
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from .report import parse_bench_args, report_header, save_report, two_way_markdown
 from .peers import vllm_dsv4_topk, vllm_gate, vllm_serves
 from .router import CONFIGS
@@ -39,7 +39,7 @@ SHAPES = ("kimi-k3", "kimi-k2", "deepseek-v3", "deepseek-v4-pro", "deepseek-v4-f
 DEFAULT_SHAPES = SHAPES[:3]
 VOCAB = 129280  # DeepSeek-V4's
 M_LIST = (1, 2, 4, 8, 16)
-# The same GEMM without its weight loads before the PDL wait (kimi_router_ops/variants.py).
+# The same GEMM without its weight loads before the PDL wait (kimi_router_ops/tables/gemm.py).
 NO_PREFETCH = {1: "m1_r4_t256", 2: "mma8_t2c4w8u7_noprefetch", 4: "mma8_t2c4w8u7_noprefetch",
                8: "mma8_t2c4w8u7_noprefetch"}
 
@@ -100,7 +100,7 @@ def consumers(m, config, peers, gemms=()):
     if m in NO_PREFETCH:
         out["gemm, no prefetch"] = lambda h, w, b: kimi_router_ops.router_gemm_with_variant(h, w, NO_PREFETCH[m])
     for name in gemms:  # named kernels (lab rows), where one CTA computes M tokens
-        if m <= variants.variant(name).max_m:
+        if m <= tables.gemm.variant(name).max_m:
             out[f"forced {name}"] = lambda h, w, b, name=name: kimi_router_ops.router_gemm_with_variant(h, w, name)
     if peers["gate"] is not None and vllm_serves(m, n, k):
         out["vLLM ll_bf16"] = lambda h, w, b: peers["gate"](h, w)
@@ -192,8 +192,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
     parser.add_argument("--m", nargs="+", type=int, default=list(M_LIST))
     parser.add_argument("--producers", nargs="+", help="only these producers (none, rms_norm, ...)")
-    parser.add_argument("--gemms", nargs="+", default=[], metavar="NAME", choices=[v.name for v in variants.ALL_VARIANTS],
-                        help="also these GEMM kernels by name (variants.py), each where it computes M")
+    parser.add_argument("--gemms", nargs="+", default=[], metavar="NAME", choices=[v.name for v in tables.gemm.ALL_VARIANTS],
+                        help="also these GEMM kernels by name (tables/gemm.py), each where it computes M")
     args = parse_bench_args(parser)
     results, layer_us = run(args.shapes, args.m, args.replays, args.producers, args.gemms)
     report = report_header(layer_us=round(layer_us, 3), results=results)

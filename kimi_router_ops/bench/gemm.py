@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from .report import parse_bench_args, report_header, save_report
 from .timing import empty_node_us, graph_time_us, hbm_read_bandwidth, l2_bytes, weight_copies
 
@@ -33,13 +33,13 @@ def implementations(m, sweep=False):
         "F.linear (bf16 out)": lambda x, w: F.linear(x, w),
         "torch.mm (fp32 out)": lambda x, w: torch.mm(x, w.t(), out_dtype=torch.float32),
     }
-    for v in variants.VARIANTS:
+    for v in tables.gemm.VARIANTS:
         if v.kernel.weight_dtype != "bfloat16":
             continue  # bench.precisions times the fp32-weight kernels
         if m <= 16 or not sweep:
             chosen = m <= v.tokens
         else:
-            chosen = isinstance(v.kernel, variants.Mma) and v.tokens >= 16
+            chosen = isinstance(v.kernel, tables.gemm.Mma) and v.tokens >= 16
         if chosen:
             impls[f"forced {v.name}"] = (
                 lambda x, w, name=v.name: kimi_router_ops.router_gemm_with_variant(x, w, name)
@@ -207,7 +207,7 @@ def main():
     parser.add_argument("--nk", nargs="+", default=[], metavar="N,K",
                         help="other router shapes to time as well (the hidden-size sweep)")
     parser.add_argument("--m", nargs="+", type=int, help=f"token counts (default {M_LIST}; "
-                        f"with --sweep 1..{variants.MAX_M})")
+                        f"with --sweep 1..{tables.gemm.MAX_M})")
     parser.add_argument("--sweep", action="store_true",
                         help="retuning: every compiled variant at the decode M, ranked per (shape, M)")
     args = parse_bench_args(parser)
@@ -215,7 +215,7 @@ def main():
         n, k = (int(v) for v in nk.split(","))
         SHAPES[f"n{n}_k{k}"] = (n, k)
         args.shapes.append(f"n{n}_k{k}")
-    m_list = args.m or (list(range(1, variants.MAX_M + 1)) if args.sweep else list(M_LIST))
+    m_list = args.m or (list(range(1, tables.gemm.MAX_M + 1)) if args.sweep else list(M_LIST))
     report = run(args.shapes, m_list, args.replays, args.sweep)
     if args.sweep:
         save_report(args.out, "sweep", report, sweep_markdown(report))

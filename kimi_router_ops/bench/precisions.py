@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from .report import parse_bench_args, report_header, save_report, two_way_markdown
 from .timing import hbm_read_bandwidth
 from .timing import after_layer_timer, graph_time_us, l2_bytes
@@ -35,7 +35,7 @@ def fp32_gemms(m, candidates):
         "cuBLAS fp32": lambda x, w: F.linear(x.float(), w),
     }
     if candidates:
-        for v in variants.VARIANTS:
+        for v in tables.gemm.VARIANTS:
             if v.kernel.weight_dtype == "float32" and m <= v.max_m:
                 impls[f"forced {v.name}"] = lambda x, w, name=v.name: kimi_router_ops.router_gemm_with_variant(x, w, name)
     return impls

@@ -19,7 +19,7 @@ import statistics
 import torch
 
 import kimi_router_ops
-from kimi_router_ops import variants
+from kimi_router_ops import tables
 from .report import git_commit, parse_bench_args, save_report
 from .timing import empty_node_us
 from .timing import graph_time_us, l2_bytes, weight_copies
@@ -95,7 +95,7 @@ def implementations(config, m, gemm_variants=()):
     }
     # GEMM rows named on the command line, alone: what the fused rows' GEMM kernels cost.
     for name in gemm_variants:
-        v = variants.variant(name)
+        v = tables.gemm.variant(name)
         if m <= v.max_m:
             impls[f"gemm {name}"] = lambda x, w, b, name=name: kimi_router_ops.router_gemm_with_variant(x, w, name)
     return impls
@@ -171,7 +171,7 @@ def main():
     parser.add_argument("--m", nargs="+", type=int, default=[1, 2, 4, 8, 16, 24, 32, 64, 128, 256])
     parser.add_argument("--rounds", type=int, default=3,
                         help="fresh graphs per cell, taken in turn; the cell is their median")
-    parser.add_argument("--gemm-variants", nargs="*", default=[], choices=[v.name for v in variants.ALL_VARIANTS],
+    parser.add_argument("--gemm-variants", nargs="*", default=[], choices=[v.name for v in tables.gemm.ALL_VARIANTS],
                         help="GEMM rows to time alone as well, where they serve the case")
     args = parse_bench_args(parser)
     report = run(args.configs, args.m, args.replays, max(1, args.rounds), args.gemm_variants)

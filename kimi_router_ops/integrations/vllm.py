@@ -47,7 +47,7 @@ import torch
 
 from .. import ops
 from ._engines import ROUTED_DTYPES, V4_SCORINGS, gate_dtypes_served, routes
-from ..variants import ATTN_RES_KERNEL  # what our AttnRes kernel serves
+from ..tables.attn_res import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_VLLM", "KIMI_ROUTER_OPS_VLLM_GATE", "KIMI_ROUTER_OPS_VLLM_ROUTING"
 ENV_ATTN_RES = "KIMI_ROUTER_OPS_VLLM_ATTN_RES"

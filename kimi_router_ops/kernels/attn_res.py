@@ -34,7 +34,7 @@ LOG2_E = 1.4426950408889634
 
 
 class AttnRes:
-    """The compiled kernel; variants.ATTN_RES_KERNEL gives its parameters."""
+    """The compiled kernel; tables.attn_res.ATTN_RES_KERNEL gives its parameters."""
 
     def __init__(self, cluster: int, threads: int, max_blocks: int):
         self.cluster = cluster

@@ -7,7 +7,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from ..variants import TRIGGERS
+from ..tables import TRIGGERS
 
 
 def strided_columns(s, tidx, kv_count, threads: int, unroll: int):
@@ -48,7 +48,7 @@ class GemmKernel:
 
     def _meet_the_kernel_before(self, prefetch: bool, pdl: bool, trigger: str):
         """Weights loaded before the PDL wait (prefetch), a PDL launch, and where the next
-        kernel may launch (one of variants.TRIGGERS)."""
+        kernel may launch (one of tables.TRIGGERS)."""
         if prefetch and not pdl:
             raise ValueError("prefetch only makes sense before a PDL grid-dependency wait")
         if trigger not in TRIGGERS:

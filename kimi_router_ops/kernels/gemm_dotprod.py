@@ -34,7 +34,7 @@ X_STEP_REGISTERS = 32
 
 
 class GemmDotprod(GemmKernel):
-    """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
+    """One kernel variant; its compile-time parameters come from kimi_router_ops/tables/gemm.py."""
 
     def __init__(
         self,
@@ -45,7 +45,7 @@ class GemmDotprod(GemmKernel):
         prefetch: bool,
         pdl: bool,
         threads: int = 128,
-        trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
+        trigger: str = "after_x",  # tables.TRIGGERS: where the next kernel may launch
         weight_dtype=BFloat16,
         x_dtype=BFloat16,
         token_tiles: bool = False,

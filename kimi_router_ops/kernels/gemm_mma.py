@@ -49,7 +49,7 @@ def _keep_loads_above(*, loc=None, ip=None):
 
 
 class GemmMma(GemmKernel):
-    """One kernel variant; its compile-time parameters come from kimi_router_ops/variants.py."""
+    """One kernel variant; its compile-time parameters come from kimi_router_ops/tables/gemm.py."""
 
     def __init__(
         self,
@@ -60,7 +60,7 @@ class GemmMma(GemmKernel):
         unroll: int,
         prefetch: bool,
         pdl: bool,
-        trigger: str = "after_x",  # variants.TRIGGERS: where the next kernel may launch
+        trigger: str = "after_x",  # tables.TRIGGERS: where the next kernel may launch
         pass_tokens: int = 0,  # tokens loaded at once (0: all `tokens`); see body
     ):
         pass_tokens = pass_tokens or tokens

@@ -14,7 +14,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from ..variants import Scoring
+from ..tables import Scoring
 
 SIGMOID = int(Scoring.SIGMOID)  # the kernels' `scoring` values
 SOFTMAX = int(Scoring.SOFTMAX)

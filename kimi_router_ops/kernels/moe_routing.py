@@ -30,8 +30,8 @@ class MoeRouting(WarpRouting):
         input_ids: cute.Tensor,  # [1, M x ids_words] int32 words; read only if table_words
         hash_table: cute.Tensor,  # [V, top_k x table_words] int32 words; read only if table_words
         counts: cute.Tensor,  # [1, N + shared_experts] int32, added to; read only if has_counts
-        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
-        has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
+        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # tables.ROUTING_SCALARS
+        has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a tables.Scoring value
         ids_words: Int32, table_words: Int32,
         shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
         stream: cuda.CUstream,
@@ -48,8 +48,8 @@ class MoeRouting(WarpRouting):
     def kernel(
         self, logits: cute.Tensor, bias: cute.Tensor, weights: cute.Tensor, ids: cute.Tensor,
         input_ids: cute.Tensor, hash_table: cute.Tensor, counts: cute.Tensor,
-        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # variants.ROUTING_SCALARS
-        has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a variants.Scoring value
+        top_k: Int32, n_group: Int32, topk_group: Int32, renormalize: Int32,  # tables.ROUTING_SCALARS
+        has_bias: Int32, scoring: Int32, scaling: Float32,  # scoring: a tables.Scoring value
         ids_words: Int32, table_words: Int32,
         shared_experts: Int32, shared_weight: Float32, id_words: Int32, has_counts: Int32,
     ):

@@ -27,7 +27,7 @@ from .common import strided_columns
 
 
 class RmsNorm:
-    """One compiled norm kernel; the rows of variants.NORM_KERNELS give its parameters."""
+    """One compiled norm kernel; the rows of tables.norm.NORM_KERNELS give its parameters."""
 
     def __init__(self, vec: int, add_residual: bool, threads: int, unroll: int):
         if vec not in (1, 8):
