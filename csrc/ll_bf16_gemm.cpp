@@ -123,7 +123,7 @@ Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, ScalarType wei
     return cublas;
   }
   // The first line of CHOICES (BATCH_INVARIANT_CHOICES in that mode) that takes the problem
-  // (variants.py); a row built for 16-byte loads only is passed over when the input does not
+  // (kimi_router_ops/tables/gemm.py); a row built for 16-byte loads only is passed over when the input does not
   // allow them. No line: cuBLAS.
   const bool invariant = batch_invariant();
   const ChoiceRow* first = invariant ? std::begin(kBatchInvariantChoiceRows) : std::begin(kChoiceRows);

@@ -25,7 +25,7 @@ Tensor gemm_reference(const Tensor& x, const Tensor& w, const OptionalTensor& ga
 
 // Batch-invariant mode: a token's logits, ids and weights are the same bits whatever other
 // tokens share its call (every M sums as M = 1 does: the kernels of
-// variants.BATCH_INVARIANT_CHOICES, cuBLAS or the CPU's reference one token at a time, the
+// tables.gemm.BATCH_INVARIANT_CHOICES, cuBLAS or the CPU's reference one token at a time, the
 // router's two launches). Off by default; on at load with KIMI_ROUTER_OPS_BATCH_INVARIANT=1,
 // or set by the set_batch_invariant op. Read by every call, so graphs captured or compiled
 // before a change keep the kernels they were captured with.

@@ -344,36 +344,11 @@ RoutingParams moe_routing_out_params(const Tensor& logits, const OptionalTensor&
   return r;
 }
 
-namespace {
-
-std::tuple<Tensor, Tensor> moe_routing_cpu(const Tensor& logits, const OptionalTensor& bias,
-                                           int64_t top_k, int64_t n_group, int64_t topk_group,
-                                           bool renormalize, double routed_scaling_factor,
-                                           const std::string& scoring,
-                                           const OptionalTensor& input_ids,
-                                           const OptionalTensor& hash_table) {
-  const RoutingParams r = routing_params(kOp, top_k, n_group, topk_group, renormalize,
-                                         routed_scaling_factor, scoring, input_ids, hash_table);
-  check_moe_routing_inputs(logits, bias, r);
-  return routing_reference(logits, bias, r);
-}
-
-void moe_routing_out_cpu(const Tensor& logits, const OptionalTensor& bias, int64_t top_k,
-                         int64_t n_group, int64_t topk_group, bool renormalize,
-                         double routed_scaling_factor, const std::string& scoring,
-                         const OptionalTensor& input_ids, const OptionalTensor& hash_table,
-                         const Tensor& topk_weights, const Tensor& topk_ids,
-                         const OptionalTensor& expert_counts, int64_t num_fused_shared_experts,
-                         double shared_expert_weight) {
-  const RoutingOutputs out{topk_weights, topk_ids, expert_counts};
-  const RoutingParams r = moe_routing_out_params(
-      logits, bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
-      input_ids, hash_table, num_fused_shared_experts, shared_expert_weight, out);
+void routing_reference_into(const Tensor& logits, const OptionalTensor& bias,
+                            const RoutingParams& r, const RoutingOutputs& out) {
   auto [weights, ids] = routing_reference(logits, bias, r);
   write_routing(weights, ids, logits.size(1), r, out);
 }
-
-}  // namespace
 
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   // moe_routing into the caller's tensors: topk_weights fp32 and topk_ids int32 or int64
@@ -392,8 +367,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
-  m.impl("moe_routing", TORCH_BOX(&moe_routing_cpu));
-  m.impl("moe_routing_out", TORCH_BOX(&moe_routing_out_cpu));
+  m.impl("moe_routing", TORCH_BOX(&moe_routing_op<routing_reference>));
+  m.impl("moe_routing_out", TORCH_BOX(&moe_routing_out_op<routing_reference_into>));
 }
 
 }  // namespace kimi

@@ -3,7 +3,7 @@
 #include <string>
 #include <tuple>
 
-#include "kimi_tables.h"  // Scoring, RoutingScalars (generated from variants.py)
+#include "kimi_tables.h"  // Scoring, RoutingScalars (generated from kimi_router_ops/tables/)
 #include "torch_stable.h"
 
 namespace kimi {
@@ -96,6 +96,9 @@ RoutingParams moe_routing_out_params(const Tensor& logits, const OptionalTensor&
 // The routing as ATen ops, on checked fp32 or bf16 logits [M, N]: (weights, ids).
 std::tuple<Tensor, Tensor> routing_reference(const Tensor& logits, const OptionalTensor& bias,
                                              const RoutingParams& r);
+// The same into `out` (checked).
+void routing_reference_into(const Tensor& logits, const OptionalTensor& bias,
+                            const RoutingParams& r, const RoutingOutputs& out);
 
 // Whether the routing kernel serves a problem on a GPU of compute capability sm.
 bool routing_kernel_fits(int64_t N, const RoutingParams& r, int64_t sm);
@@ -109,5 +112,40 @@ std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits, const Option
 void moe_routing_on_gpu_into(const Tensor& logits, const OptionalTensor& bias,
                              const RoutingParams& r, const RoutingOutputs& out);
 #endif
+
+// moe_routing's and moe_routing_out's entry points (their schemas' arguments) over one
+// implementation each, which gets checked arguments: the CPU's reference or the CUDA dispatch.
+using RoutingFn = std::tuple<Tensor, Tensor> (*)(const Tensor& logits, const OptionalTensor& bias,
+                                                 const RoutingParams& r);
+using RoutingIntoFn = void (*)(const Tensor& logits, const OptionalTensor& bias,
+                               const RoutingParams& r, const RoutingOutputs& out);
+
+template <RoutingFn Run>
+std::tuple<Tensor, Tensor> moe_routing_op(const Tensor& logits, const OptionalTensor& bias,
+                                          int64_t top_k, int64_t n_group, int64_t topk_group,
+                                          bool renormalize, double routed_scaling_factor,
+                                          const std::string& scoring,
+                                          const OptionalTensor& input_ids,
+                                          const OptionalTensor& hash_table) {
+  const RoutingParams r = routing_params("moe_routing", top_k, n_group, topk_group, renormalize,
+                                         routed_scaling_factor, scoring, input_ids, hash_table);
+  check_moe_routing_inputs(logits, bias, r);
+  return Run(logits, bias, r);
+}
+
+template <RoutingIntoFn Run>
+void moe_routing_out_op(const Tensor& logits, const OptionalTensor& bias, int64_t top_k,
+                        int64_t n_group, int64_t topk_group, bool renormalize,
+                        double routed_scaling_factor, const std::string& scoring,
+                        const OptionalTensor& input_ids, const OptionalTensor& hash_table,
+                        const Tensor& topk_weights, const Tensor& topk_ids,
+                        const OptionalTensor& expert_counts, int64_t num_fused_shared_experts,
+                        double shared_expert_weight) {
+  const RoutingOutputs out{topk_weights, topk_ids, expert_counts};
+  const RoutingParams r = moe_routing_out_params(
+      logits, bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
+      input_ids, hash_table, num_fused_shared_experts, shared_expert_weight, out);
+  Run(logits, bias, r, out);
+}
 
 }  // namespace kimi

@@ -6,7 +6,7 @@
 //   projection = bf16(hidden_states · projection_weightᵀ)    fp32 products and sums, one rounding
 //
 // The CPU runs the router's reference and the GEMM's. CUDA (csrc/cuda/router_projection_cuda.cpp)
-// runs one grid for both weight streams where a row of variants.PROJECTION_KERNELS serves the
+// runs one grid for both weight streams where a row of tables.projection.PROJECTION_KERNELS serves the
 // problem, then the routing op's kernel; otherwise the router op's dispatch and the GEMM op's.
 
 #include "ll_bf16_gemm.h"

@@ -67,8 +67,7 @@ void moe_routing_on_gpu_into(const Tensor& logits_in, const OptionalTensor& bias
   const Tensor logits = unit_inner_stride(logits_in);
   const RoutingKernel* kernel = routing_kernel(logits, bias, r);
   if (kernel == nullptr) {
-    auto [weights, ids] = routing_reference(logits, bias, r);
-    write_routing(weights, ids, logits.size(1), r, out);
+    routing_reference_into(logits, bias, r, out);
   } else if (logits.size(0) > 0) {
     launch_routing(*kernel, logits, bias, r, out);
   }
@@ -76,30 +75,15 @@ void moe_routing_on_gpu_into(const Tensor& logits_in, const OptionalTensor& bias
 
 namespace {
 
-std::tuple<Tensor, Tensor> moe_routing_cuda(const Tensor& logits, const OptionalTensor& bias,
-                                            int64_t top_k, int64_t n_group, int64_t topk_group,
-                                            bool renormalize, double routed_scaling_factor,
-                                            const std::string& scoring,
-                                            const OptionalTensor& input_ids,
-                                            const OptionalTensor& hash_table) {
-  const RoutingParams r = routing_params("moe_routing", top_k, n_group, topk_group, renormalize,
-                                         routed_scaling_factor, scoring, input_ids, hash_table);
-  check_moe_routing_inputs(logits, bias, r);
+// The entry points' implementations: on the logits' device.
+std::tuple<Tensor, Tensor> routing_on_device(const Tensor& logits, const OptionalTensor& bias,
+                                             const RoutingParams& r) {
   const DeviceGuard guard(logits.get_device_index());
   return moe_routing_on_gpu(logits, bias, r);
 }
 
-void moe_routing_out_cuda(const Tensor& logits, const OptionalTensor& bias, int64_t top_k,
-                          int64_t n_group, int64_t topk_group, bool renormalize,
-                          double routed_scaling_factor, const std::string& scoring,
-                          const OptionalTensor& input_ids, const OptionalTensor& hash_table,
-                          const Tensor& topk_weights, const Tensor& topk_ids,
-                          const OptionalTensor& expert_counts, int64_t num_fused_shared_experts,
-                          double shared_expert_weight) {
-  const RoutingOutputs out{topk_weights, topk_ids, expert_counts};
-  const RoutingParams r = moe_routing_out_params(
-      logits, bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor, scoring,
-      input_ids, hash_table, num_fused_shared_experts, shared_expert_weight, out);
+void routing_on_device_into(const Tensor& logits, const OptionalTensor& bias,
+                            const RoutingParams& r, const RoutingOutputs& out) {
   const DeviceGuard guard(logits.get_device_index());
   moe_routing_on_gpu_into(logits, bias, r, out);
 }
@@ -107,8 +91,8 @@ void moe_routing_out_cuda(const Tensor& logits, const OptionalTensor& bias, int6
 }  // namespace
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
-  m.impl("moe_routing", TORCH_BOX(&moe_routing_cuda));
-  m.impl("moe_routing_out", TORCH_BOX(&moe_routing_out_cuda));
+  m.impl("moe_routing", TORCH_BOX(&moe_routing_op<routing_on_device>));
+  m.impl("moe_routing_out", TORCH_BOX(&moe_routing_out_op<routing_on_device_into>));
 }
 
 }  // namespace kimi
