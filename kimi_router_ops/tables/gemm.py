@@ -58,7 +58,7 @@ class Mma:
 
 
 @dataclass(frozen=True)
-class Variant:
+class GemmRow:
     """One GEMM kernel: its family's compile-time parameters and how it meets the kernel
     before it (PDL)."""
 
@@ -89,16 +89,16 @@ class Variant:
 
 
 def _mma(name, tokens, tiles, cluster_k, warps, unroll, pass_tokens=0, **launch):
-    return Variant(name, Mma(tiles, cluster_k, warps, unroll, tokens, pass_tokens), **launch)
+    return GemmRow(name, Mma(tiles, cluster_k, warps, unroll, tokens, pass_tokens), **launch)
 
 
 def _dotprod(name, tokens, rows, unroll, threads=128, k=0, **launch):
-    return Variant(name, Dotprod(tokens, rows, unroll, threads, k=k), **launch)
+    return GemmRow(name, Dotprod(tokens, rows, unroll, threads, k=k), **launch)
 
 
 def _f32w(name, tokens, rows, unroll, threads, tiles=False):
     """An fp32-weight dot product."""
-    return Variant(name, Dotprod(tokens, rows, unroll, threads, weight_dtype="float32", token_tiles=tiles))
+    return GemmRow(name, Dotprod(tokens, rows, unroll, threads, weight_dtype="float32", token_tiles=tiles))
 
 
 # The GEMM kernels the dispatch runs (CHOICES) and the fused routers build on (ROUTER_GEMMS).
@@ -141,8 +141,8 @@ VARIANTS = (
     _f32w("f32w_m16_r2_u2_t128", 16, rows=2, unroll=2, threads=128, tiles=True),
     # Batch-invariant mode (BATCH_INVARIANT_CHOICES): the M = 1 kernels with one token a CTA
     # along the grid's y, for any M.
-    Variant("m1_prefetch_r4_t256_tiles", Dotprod(1, 4, 4, 256, token_tiles=True)),
-    Variant("m1_prefetch_r1_t128_k7168_tiles", Dotprod(1, 1, 7, 128, token_tiles=True, k=7168)),
+    GemmRow("m1_prefetch_r4_t256_tiles", Dotprod(1, 4, 4, 256, token_tiles=True)),
+    GemmRow("m1_prefetch_r1_t128_k7168_tiles", Dotprod(1, 1, 7, 128, token_tiles=True, k=7168)),
     _f32w("f32w_m1_r2_u4_t256_tiles", 1, rows=2, unroll=4, threads=256, tiles=True),
     _f32w("f32w_m1_r1_u8_t256_tiles", 1, rows=1, unroll=8, threads=256, tiles=True),
 )
@@ -233,6 +233,6 @@ BATCH_INVARIANT_CHOICES = (
 )
 MAX_M = max(c.m_hi for c in CHOICES if c.variant != "cublas")  # the largest M a kernel is chosen for
 
-def variant(name: str) -> Variant:
+def variant(name: str) -> GemmRow:
     """The GEMM row called `name` (product or lab)."""
     return next(v for v in ALL_VARIANTS if v.name == name)

@@ -8,7 +8,7 @@ from . import ROUTER_N_RANGES, check_trigger
 from .gemm import variant
 
 @dataclass(frozen=True)
-class RouterVariant:
+class RouterRow:
     """The fused router (kernels/router_fused.py): the GEMM row `gemm`, then routing in
     the same grid. Chosen for m_lo <= M <= m_hi and n_min <= N <= n_max (first match);
     n_max also sets the experts a lane holds (n_max / 32, compiled in)."""
@@ -95,7 +95,7 @@ def _router_rows(table):
     """Rows named router_<gemm>_n<n_max>, with _m<lo>_<hi> after the GEMM row where
     ROUTER_GEMMS splits one GEMM row and N range by M."""
     return tuple(
-        RouterVariant(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}", row.gemm, row.m_lo, row.m_hi,
+        RouterRow(f"router_{row.gemm}{_m_range(row, n_max)}_n{n_max}", row.gemm, row.m_lo, row.m_hi,
                       n_min, n_max, exclusive=row.exclusive, trigger=row.trigger,
                       bias_prefetch=row.bias_prefetch, at_publisher=row.at_publisher)
         for row in table
