@@ -138,10 +138,7 @@ Tensor attn_res_reference(const AttnResCall& call) {
 
 // prefix is written when a delta is given, blocks when block_write_idx >= 0.
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
-  m.def(
-      "attn_res(Tensor(a!) prefix, Tensor? delta, Tensor(b!) blocks, Tensor norm_weight, "
-      "Tensor qk_weight, Tensor? output_norm_weight, int num_blocks, int block_write_idx, "
-      "float eps, float output_norm_eps) -> Tensor");
+  m.def("attn_res(" KIMI_ATTN_RES_ARGS ") -> Tensor");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {

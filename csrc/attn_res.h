@@ -4,6 +4,12 @@
 
 namespace kimi {
 
+// attn_res's arguments (its schema's text, written once; attn_res_router's start so).
+#define KIMI_ATTN_RES_ARGS                                                                  \
+  "Tensor(a!) prefix, Tensor? delta, Tensor(b!) blocks, Tensor norm_weight, "             \
+  "Tensor qk_weight, Tensor? output_norm_weight, int num_blocks, int block_write_idx, "   \
+  "float eps, float output_norm_eps"
+
 // One call's arguments, in the schema's order.
 struct AttnResCall {
   const Tensor& prefix;

@@ -46,13 +46,9 @@ AttnResRouterOutputs attn_res_router_reference(const AttnResCall& call, const Te
 
 // prefix is written when a delta is given, blocks when block_write_idx >= 0 (as attn_res).
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
-  m.def(
-      "attn_res_router(Tensor(a!) prefix, Tensor? delta, Tensor(b!) blocks, Tensor norm_weight, "
-      "Tensor qk_weight, Tensor? output_norm_weight, int num_blocks, int block_write_idx, "
-      "float eps, float output_norm_eps, Tensor router_weight, Tensor? e_score_correction_bias, "
-      "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
-      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None) "
-      "-> (Tensor hidden, Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+  m.def("attn_res_router(" KIMI_ATTN_RES_ARGS ", Tensor router_weight, " KIMI_ROUTING_ARGS
+        ", Tensor? gate_bias=None) -> (Tensor hidden, Tensor topk_weights, Tensor topk_ids, "
+        "Tensor logits)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {

@@ -152,10 +152,8 @@ std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_
 
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
-      "ll_bf16_router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
-      "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
-      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\") "
-      "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
+      "ll_bf16_router(Tensor hidden_states, Tensor router_weight, " KIMI_ROUTING_ARGS
+      ") -> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
   // `router` with a fused router row named (benchmarks, tests); the CPU runs the reference.
   m.def(
       "router_with_variant(Tensor hidden_states, Tensor router_weight, "
@@ -172,17 +170,13 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   // The whole router for bf16 or fp32 router weights, with an optional gate bias (added to
   // the logits, as F.linear's bias; e_score_correction_bias only changes the choice).
   m.def(
-      "router(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
-      "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
-      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None, "
-      "Tensor? input_ids=None, Tensor? hash_table=None) "
+      "router(Tensor hidden_states, Tensor router_weight, " KIMI_ROUTING_ARGS
+      ", Tensor? gate_bias=None, Tensor? input_ids=None, Tensor? hash_table=None) "
       "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits)");
   // `router` into the caller's tensors: moe_routing_out's outputs, and logits fp32 [M, N].
   m.def(
-      "router_out(Tensor hidden_states, Tensor router_weight, Tensor? e_score_correction_bias, "
-      "int top_k, int n_group=1, int topk_group=1, bool renormalize=True, "
-      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None, "
-      "Tensor? input_ids=None, Tensor? hash_table=None, " KIMI_ROUTING_OUT_ARGS
+      "router_out(Tensor hidden_states, Tensor router_weight, " KIMI_ROUTING_ARGS
+      ", Tensor? gate_bias=None, Tensor? input_ids=None, Tensor? hash_table=None, " KIMI_ROUTING_OUT_ARGS
       ", Tensor(d!) logits) -> ()");
 }
 

@@ -355,15 +355,11 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   // [M, top_k + num_fused_shared_experts] (the shared experts' slots last: ids N, N + 1, ...,
   // weight shared_expert_weight), expert_counts int32 [N + num_fused_shared_experts] added to.
   m.def(
-      "moe_routing_out(Tensor logits, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
-      "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
-      "str scoring=\"sigmoid\", Tensor? input_ids=None, Tensor? hash_table=None, "
-      KIMI_ROUTING_OUT_ARGS ") -> ()");
+      "moe_routing_out(Tensor logits, " KIMI_ROUTING_ARGS
+      ", Tensor? input_ids=None, Tensor? hash_table=None, " KIMI_ROUTING_OUT_ARGS ") -> ()");
   m.def(
-      "moe_routing(Tensor logits, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
-      "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
-      "str scoring=\"sigmoid\", Tensor? input_ids=None, Tensor? hash_table=None) "
-      "-> (Tensor topk_weights, Tensor topk_ids)");
+      "moe_routing(Tensor logits, " KIMI_ROUTING_ARGS
+      ", Tensor? input_ids=None, Tensor? hash_table=None) -> (Tensor topk_weights, Tensor topk_ids)");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {

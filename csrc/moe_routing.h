@@ -57,6 +57,12 @@ void check_routing_outputs(const char* op, int64_t M, int64_t N, const Device& d
 void write_routing(const Tensor& weights, const Tensor& ids, int64_t N, const RoutingParams& r,
                    const RoutingOutputs& out);
 
+// The routing arguments of every routing op after its tensors, the bias first (its schema's
+// text, written once).
+#define KIMI_ROUTING_ARGS                                                                   \
+  "Tensor? e_score_correction_bias, int top_k, int n_group=1, int topk_group=1, "         \
+  "bool renormalize=True, float routed_scaling_factor=1.0, str scoring=\"sigmoid\""
+
 // The routing arguments of every `_out` op after its inputs: where it writes (the caller's
 // buffers, for CUDA graphs), what it adds (expert counts) and the shared-expert slots.
 #define KIMI_ROUTING_OUT_ARGS                                                               \

@@ -49,17 +49,13 @@ NormRouterOutputs norm_router_reference(const char* op, const Tensor& x, const T
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
       "rms_norm_router(Tensor hidden_states, Tensor norm_weight, float eps, "
-      "Tensor router_weight, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
-      "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
-      "str scoring=\"sigmoid\", Tensor? gate_bias=None, Tensor? input_ids=None, "
-      "Tensor? hash_table=None) "
+      "Tensor router_weight, " KIMI_ROUTING_ARGS
+      ", Tensor? gate_bias=None, Tensor? input_ids=None, Tensor? hash_table=None) "
       "-> (Tensor normed, Tensor topk_weights, Tensor topk_ids, Tensor logits)");
   m.def(
       "fused_add_rms_norm_router(Tensor hidden_states, Tensor residual, Tensor norm_weight, "
-      "float eps, Tensor router_weight, Tensor? e_score_correction_bias, int top_k, "
-      "int n_group=1, int topk_group=1, bool renormalize=True, "
-      "float routed_scaling_factor=1.0, str scoring=\"sigmoid\", Tensor? gate_bias=None, "
-      "Tensor? input_ids=None, Tensor? hash_table=None) "
+      "float eps, Tensor router_weight, " KIMI_ROUTING_ARGS
+      ", Tensor? gate_bias=None, Tensor? input_ids=None, Tensor? hash_table=None) "
       "-> (Tensor normed, Tensor residual_out, Tensor topk_weights, Tensor topk_ids, "
       "Tensor logits)");
 }

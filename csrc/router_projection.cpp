@@ -50,9 +50,7 @@ RouterProjectionOutputs router_projection_reference(const Tensor& x, const Tenso
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
       "router_and_projection(Tensor hidden_states, Tensor router_weight, "
-      "Tensor projection_weight, Tensor? e_score_correction_bias, int top_k, int n_group=1, "
-      "int topk_group=1, bool renormalize=True, float routed_scaling_factor=1.0, "
-      "str scoring=\"sigmoid\", Tensor? gate_bias=None) "
+      "Tensor projection_weight, " KIMI_ROUTING_ARGS ", Tensor? gate_bias=None) "
       "-> (Tensor topk_weights, Tensor topk_ids, Tensor logits, Tensor projection)");
 }
 
