@@ -15,9 +15,11 @@
 // order: an output may differ from the reference by a bf16 ulp.
 
 #include <cmath>
+#include <sstream>
 #include <vector>
 
 #include "attn_res.h"
+#include "kimi_tables.h"
 
 namespace kimi {
 
@@ -137,8 +139,28 @@ Tensor attn_res_reference(const AttnResCall& call) {
 
 
 // prefix is written when a delta is given, blocks when block_write_idx >= 0.
+std::string attn_res_kernel_misfit(int64_t hidden, int64_t num_blocks, int64_t sm) {
+  // One cluster a token, one 16-byte vector of H a thread, the blocks' scores in registers.
+  std::ostringstream why;
+  if (!kernels_built_for(sm)) {
+    why << "no AttnRes kernel for sm_" << sm;
+  } else if (hidden < 1 || hidden % 8 != 0 || hidden > kAttnResMaxHidden) {
+    why << "the AttnRes kernel takes H a multiple of 8 in [8, " << kAttnResMaxHidden
+        << "], got H=" << hidden;
+  } else if (num_blocks < 0 || num_blocks > kAttnResMaxBlocks) {
+    why << "the AttnRes kernel takes num_blocks in [0, " << kAttnResMaxBlocks << "], got "
+        << num_blocks;
+  }
+  return why.str();
+}
+
 STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def("attn_res(" KIMI_ATTN_RES_ARGS ") -> Tensor");
+  m.def("attn_res_kernel_misfit(int hidden, int num_blocks, int sm=90) -> str");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
+  m.impl("attn_res_kernel_misfit", TORCH_BOX(&attn_res_kernel_misfit));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {

@@ -30,6 +30,11 @@ void check_attn_res_inputs(const AttnResCall& call);
 // Writes p into prefix (with a delta) and blocks[:, block_write_idx] (>= 0), as the kernel.
 Tensor attn_res_reference(const AttnResCall& call);
 
+// Why the AttnRes kernel does not serve H hidden and num_blocks blocks on a GPU of compute
+// capability sm (the op then runs the reference), or "" where it does (the call's alignment
+// and M <= 65535 aside). The engines' plugins ask it to choose between the op and their own.
+std::string attn_res_kernel_misfit(int64_t hidden, int64_t num_blocks, int64_t sm);
+
 #ifdef KIMI_WITH_CUDA
 // A checked call on its GPU, on the current stream: the PDL kernel where it serves the
 // inputs, the reference elsewhere (csrc/cuda/attn_res_cuda.cpp).

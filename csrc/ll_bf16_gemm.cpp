@@ -111,9 +111,9 @@ Tensor gemm_reference(const Tensor& x_in, const Tensor& w, const OptionalTensor&
 }
 
 bool kernels_support(int64_t sm, int64_t N, int64_t K) {
-  // Built for Hopper (sm_90a) and datacenter Blackwell (sm_100a); sizes are 32-bit.
+  // Sizes are 32-bit.
   constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-  return (sm == 90 || sm == 100) && N <= kInt32Max && K <= kInt32Max;
+  return kernels_built_for(sm) && N <= kInt32Max && K <= kInt32Max;
 }
 
 Choice choose_kernel(int64_t M, int64_t N, int64_t K, int64_t sm, ScalarType weight_dtype,

@@ -192,6 +192,11 @@ void check_hash_args(const char* op, int64_t M, int64_t N, const std::optional<D
 
 }  // namespace
 
+void check_routed_dtype(const char* op, const char* name, ScalarType dtype) {
+  KIMI_CHECK(dtype == kFloat || dtype == kBFloat16, op, ": ", name,
+             " must be torch.float32 or torch.bfloat16, got ", dtype_name(dtype));
+}
+
 void check_routing_args(const char* op, int64_t M, int64_t N, const std::optional<Device>& device,
                         const char* device_of, const OptionalTensor& bias,
                         const RoutingParams& r) {
@@ -212,9 +217,7 @@ void check_routing_args(const char* op, int64_t M, int64_t N, const std::optiona
              ": top_k must be in [1, experts in the kept groups=", kept, "], got ", top_k);
   if (bias.has_value()) {
     const Tensor& b = *bias;
-    KIMI_CHECK(b.scalar_type() == kFloat || b.scalar_type() == kBFloat16, op,
-               ": e_score_correction_bias must be torch.float32 or torch.bfloat16, got ",
-               dtype_name(b.scalar_type()));
+    check_routed_dtype(op, "e_score_correction_bias", b.scalar_type());
     KIMI_CHECK(b.dim() == 1 && b.size(0) == N, op,
                ": e_score_correction_bias must have shape [N]=[", N, "], got ", b.sizes());
     KIMI_CHECK(!device.has_value() || b.device() == *device, op,
@@ -236,7 +239,7 @@ void check_routing_args(const char* op, int64_t M, int64_t N, const std::optiona
 bool routing_kernel_fits(int64_t N, const RoutingParams& r, int64_t sm) {
   // The picked ids (and shared slots) are spread over the lanes of a warp, and so are the
   // group scores.
-  return (sm == 90 || sm == 100) && N <= kRouterMaxN && r.width() <= kRouterMaxTopK &&
+  return kernels_built_for(sm) && N <= kRouterMaxN && r.width() <= kRouterMaxTopK &&
          (r.topk_group == r.n_group || r.n_group <= kRouterMaxGroups);
 }
 
@@ -246,9 +249,7 @@ constexpr const char* kOp = "moe_routing";
 
 void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias,
                               const RoutingParams& r) {
-  KIMI_CHECK(logits.scalar_type() == kFloat || logits.scalar_type() == kBFloat16, kOp,
-             ": logits must be torch.float32 or torch.bfloat16, got ",
-             dtype_name(logits.scalar_type()));
+  check_routed_dtype(kOp, "logits", logits.scalar_type());
   KIMI_CHECK(logits.dim() == 2, kOp, ": logits must be 2-D [M, N], got shape ",
              logits.sizes());
   KIMI_CHECK(logits.size(1) >= 1, kOp, ": logits must have N >= 1 experts, got shape ",
@@ -257,6 +258,26 @@ void check_moe_routing_inputs(const Tensor& logits, const OptionalTensor& bias,
 }
 
 namespace {
+
+// Why moe_routing rejects N experts with these arguments and dtypes, or "" where it takes
+// them: its own checks (not those of the tensors' values), for callers that choose between
+// it and another implementation (the engines' plugins) without restating them.
+std::string routing_misfit(int64_t num_experts, int64_t top_k, int64_t n_group,
+                           int64_t topk_group, const std::string& scoring,
+                           ScalarType logits_dtype, std::optional<ScalarType> bias_dtype) {
+  try {  // in the op's order, so the first error is the op's
+    const RoutingParams r = routing_params(kOp, top_k, n_group, topk_group, true, 1.0, scoring);
+    check_routed_dtype(kOp, "logits", logits_dtype);
+    KIMI_CHECK(num_experts >= 1, kOp, ": logits must have N >= 1 experts, got N=", num_experts);
+    check_routing_args(kOp, 1, num_experts, std::nullopt, "logits", std::nullopt, r);
+    if (bias_dtype.has_value()) {
+      check_routed_dtype(kOp, "e_score_correction_bias", *bias_dtype);
+    }
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // The picks' scores renormalized (if asked) and scaled.
 Tensor routing_weights(Tensor weights, const RoutingParams& r) {
@@ -360,6 +381,14 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
   m.def(
       "moe_routing(Tensor logits, " KIMI_ROUTING_ARGS
       ", Tensor? input_ids=None, Tensor? hash_table=None) -> (Tensor topk_weights, Tensor topk_ids)");
+  // "" where moe_routing takes N experts with these arguments and dtypes, else its error.
+  m.def(
+      "routing_misfit(int num_experts, int top_k, int n_group=1, int topk_group=1, "
+      "str scoring=\"sigmoid\", ScalarType logits_dtype=float32, ScalarType? bias_dtype=None) -> str");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
+  m.impl("routing_misfit", TORCH_BOX(&routing_misfit));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {

@@ -77,6 +77,9 @@ RoutingParams routing_params(const char* op, int64_t top_k, int64_t n_group, int
                              const OptionalTensor& input_ids = std::nullopt,
                              const OptionalTensor& hash_table = std::nullopt);
 
+// A routed tensor's dtype (logits, e_score_correction_bias): fp32 or bf16.
+void check_routed_dtype(const char* op, const char* name, ScalarType dtype);
+
 // The routing's contract on M tokens and N experts (every routing op calls it; `op` names
 // the op in the messages): n_group, topk_group, top_k, the bias and the hash routing's
 // tensors (on the CPU, their values too). `device` is where the tensors must be (nullopt:

@@ -14,6 +14,8 @@ derivative; the routing and norm ops have none, and their outputs never require 
 fallthrough: no Python runs on their calls).
 """
 
+import functools
+import inspect
 from typing import Callable, NamedTuple
 
 import torch
@@ -265,6 +267,41 @@ def chosen_router_variant(M: int, N: int, K: int, top_k: int, n_group: int = 1, 
     problem the op rejects raises the op's error."""
     return _ops.ll_bf16_router_variant.default(M, N, K, top_k, n_group, topk_group, sm, aligned, scoring,
                                                weight_dtype, x_dtype)
+
+
+def _constant_query(query):
+    """A query of sizes and names, asked once for each: under torch.compile its answer is a
+    constant of the trace (its arguments must be static there, as N and H are)."""
+    answers, signature = {}, inspect.signature(query)
+
+    @torch.compiler.assume_constant_result
+    @functools.wraps(query)
+    def ask(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        key = tuple(call.arguments.values())
+        if key not in answers:
+            answers[key] = query(*key)
+        return answers[key]
+    return ask
+
+
+@_op()
+@_constant_query
+def routing_misfit(num_experts: int, top_k: int, n_group: int = 1, topk_group: int = 1, scoring: str = "sigmoid",
+                   logits_dtype: torch.dtype = torch.float32, bias_dtype: torch.dtype | None = None) -> str:
+    """"" where `moe_routing` (and the routers' routing) takes `num_experts` experts with these
+    arguments and dtypes; otherwise the error it would raise. For callers choosing between
+    our ops and another implementation (the engines' plugins)."""
+    return _ops.routing_misfit.default(num_experts, top_k, n_group, topk_group, scoring, logits_dtype, bias_dtype)
+
+
+@_op()
+@_constant_query
+def attn_res_kernel_misfit(hidden: int, num_blocks: int, sm: int = 90) -> str:
+    """"" where `attn_res`'s kernel serves hidden size `hidden` and `num_blocks` blocks on a GPU
+    of compute capability `sm`; otherwise why not (the op then runs its reference there)."""
+    return _ops.attn_res_kernel_misfit.default(hidden, num_blocks, sm)
 
 
 @_op(lambda logits, bias, top_k, *args, **kwargs: _choice(logits, _rows(logits), top_k))

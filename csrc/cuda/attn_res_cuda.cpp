@@ -33,8 +33,8 @@ bool launch_attn_res(const AttnResCall& call, const Tensor& out) {
   const AttnResKernel* kernel =
       find_kernel(kAttnResKernels, device_sm(device), [](const AttnResKernel&) { return true; });
   const int64_t m = prefix.size(0), h = prefix.size(1);
-  // One cluster a token (grid y) and one 16-byte vector of H a thread.
-  if (kernel == nullptr || h % 8 != 0 || h > kAttnResMaxHidden || num_blocks > kAttnResMaxBlocks ||
+  // One cluster a token (grid y).
+  if (kernel == nullptr || !attn_res_kernel_misfit(h, num_blocks, device_sm(device)).empty() ||
       m > 65535 || blocks.size(1) > std::numeric_limits<int32_t>::max()) {
     return false;
   }

@@ -90,6 +90,10 @@ def tables_header() -> str:
         _table("RouterRow", "A fused router kernel (tables.router.ROUTER_VARIANTS): a GEMM kernel plus routing.",
                "kRouterRows", _ROUTER_ROW, tables.router.ROUTER_VARIANTS),
         *(f"inline constexpr int {name} = {value};" for name, value in constants.items()),
+        "// The architectures every kernel family is compiled for (tables.ARCHS).",
+        "inline constexpr bool kernels_built_for(int64_t sm) {",
+        f"  return {' || '.join(f'sm == {sm}' for _, sm in tables.ARCHS)};",
+        "}",
         "\n}  // namespace kimi\n",
     ])
 

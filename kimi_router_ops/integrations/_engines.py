@@ -4,6 +4,8 @@ biased scores when there is a bias and by its best score otherwise."""
 
 import torch
 
+from .. import ops
+
 ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 # The engines' scoring names the ops share; most engine functions know the first two only
 # (an unknown one must keep raising the engine's own error).
@@ -20,19 +22,17 @@ def gate_dtypes_served(x_dtype, weight_dtype) -> bool:
 
 def routes(gating_output, bias, scoring_func, top_k, n_group, topk_group, scorings=CLASSIC_SCORINGS) -> bool:
     """Whether moe_routing computes what the engine's routing function computes here: a
-    scoring of `scorings` (those the engine's function has), the dtypes and shapes it takes,
-    and a group rule that is ours (the two best with sigmoid, the best with softmax; with
-    every group kept the rule does not matter, and sqrtsoftplus, DeepSeek-V4's, is served
-    only so)."""
-    if scoring_func not in scorings or gating_output.dtype not in ROUTED_DTYPES:
-        return False
-    if gating_output.dim() != 2 or (bias is not None and (bias.dtype not in ROUTED_DTYPES or bias.dim() != 1)):
+    scoring of `scorings` (those the engine's function has), arguments moe_routing takes
+    (its own contract: ops.routing_misfit), and a group rule that is ours (the two best with
+    sigmoid, the best with softmax; with every group kept the rule does not matter, and
+    sqrtsoftplus, DeepSeek-V4's, is served only so)."""
+    if scoring_func not in scorings or gating_output.dim() != 2:
         return False
     n = gating_output.shape[-1]
-    if n_group < 1 or n % n_group or not 1 <= topk_group <= n_group:
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         return False
-    if n_group > 1 and scoring_func != "softmax" and n // n_group < 2:
+    if ops.routing_misfit(n, top_k, n_group, topk_group, scoring_func, gating_output.dtype,
+                          None if bias is None else bias.dtype):
         return False
-    same_rule = topk_group >= n_group or (
+    return topk_group >= n_group or (
         scoring_func != "sqrtsoftplus" and (bias is not None) == (scoring_func == "sigmoid"))
-    return 1 <= top_k <= topk_group * (n // n_group) and same_rule

@@ -48,7 +48,6 @@ import torch
 
 from .. import ops
 from ._engines import V4_SCORINGS, gate_dtypes_served, routes
-from ..tables.attn_res import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_SGLANG", "KIMI_ROUTER_OPS_SGLANG_GATE", "KIMI_ROUTER_OPS_SGLANG_ROUTING"
 ENV_ATTN_RES = "KIMI_ROUTER_OPS_SGLANG_ATTN_RES"
@@ -251,8 +250,9 @@ def _attn_res_served(prefix_sum, bank, nvb, score_proj, score_norm, out_norm, wr
     weights = [getattr(score_proj, "weight", None), getattr(score_norm, "weight", None),
                getattr(out_norm, "weight", None)]
     h = prefix_sum.shape[-1] if prefix_sum.dim() == 2 else 0
-    return (not write_bank_row and 1 <= nvb <= ATTN_RES_KERNEL.max_blocks and bank.dim() == 3
-            and h % 8 == 0 and 0 < h <= ATTN_RES_KERNEL.max_hidden and getattr(score_proj, "bias", None) is None
+    # sm_90's kernel on either device (the CPU's calls choose as the GPU's would).
+    return (not write_bank_row and nvb >= 1 and not ops.attn_res_kernel_misfit(h, nvb, 90) and bank.dim() == 3
+            and getattr(score_proj, "bias", None) is None
             and all(isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 for w in (prefix_sum, bank, *weights))
             and weights[0].numel() == h and weights[1].shape == weights[2].shape == (h,))
 

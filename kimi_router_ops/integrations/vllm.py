@@ -47,7 +47,6 @@ import torch
 
 from .. import ops
 from ._engines import ROUTED_DTYPES, V4_SCORINGS, gate_dtypes_served, routes
-from ..tables.attn_res import ATTN_RES_KERNEL  # what our AttnRes kernel serves
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_VLLM", "KIMI_ROUTER_OPS_VLLM_GATE", "KIMI_ROUTER_OPS_VLLM_ROUTING"
 ENV_ATTN_RES = "KIMI_ROUTER_OPS_VLLM_ATTN_RES"
@@ -248,8 +247,9 @@ def _attn_res_served(prefix, delta, blocks, norm_weight, qk_weight, output_norm_
         return False
     tensors = [t for t in (prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight) if t is not None]
     h = prefix.shape[-1]
+    # sm_90's kernel on either device (the CPU's calls choose as the GPU's would).
     return (all(t.dtype == torch.bfloat16 for t in tensors) and prefix.dim() == 2 and blocks.dim() == 3
-            and h % 8 == 0 and h <= ATTN_RES_KERNEL.max_hidden and num_blocks <= ATTN_RES_KERNEL.max_blocks)
+            and not ops.attn_res_kernel_misfit(h, num_blocks, 90))
 
 
 def attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks, block_write_idx,
