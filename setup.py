@@ -51,7 +51,9 @@ def aot_directory() -> Path:
     prebuilt = os.environ.get("KIMI_ROUTER_OPS_AOT_DIR")
     if prebuilt:
         return Path(prebuilt).resolve()
-    out = BUILD / "aot"
+    # The lab rows' kernels too with KIMI_ROUTER_OPS_LAB=1 (kimi_router_ops/aot): a directory
+    # of their own, so that switching it never links one build's objects into the other.
+    out = BUILD / ("aot_lab" if os.environ.get("KIMI_ROUTER_OPS_LAB") == "1" else "aot")
     package = ROOT / "kimi_router_ops"
     inputs = [*(package / "tables").glob("*.py"), *(package / "aot").glob("*.py"), *(package / "kernels").glob("*.py")]
     table = out / "kimi_kernels.h"

@@ -1,10 +1,19 @@
 """Test oracles, shared by the tests and tools/sanitize.py (a user's tests may use them too):
 how far a GEMM output is from the exact product, on the scale of fp32 rounding (every kernel
 is held to 1e-5 of sum_k |x_k w_k| for fp32 outputs), and the router's float64 reference
-with the near-ties that may change which experts it picks.
+with the near-ties that may change which experts it picks; and which GEMM rows this build
+links.
 """
 
 import torch
+
+import kimi_router_ops
+
+
+def gemm_row_linked(name: str) -> bool:
+    """Whether _C has the kernels of the GEMM row `name`: every product row of a CUDA build;
+    a lab row (tables.gemm.LAB_VARIANTS) only where it was built with KIMI_ROUTER_OPS_LAB=1."""
+    return any(s.startswith(f"kimi_{name}_v") for s in kimi_router_ops.compiled_kernels())
 
 
 def dot_error(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:

@@ -5,7 +5,7 @@ import torch
 
 import kimi_router_ops  # noqa: F401  (registers torch.ops.kimi)
 from kimi_router_ops.bench import SHAPES
-from kimi_router_ops.testing import dot_error
+from kimi_router_ops.testing import dot_error, gemm_row_linked
 
 # Kimi-K3, Kimi-K2, DeepSeek-V3 router shapes, (N experts, K hidden): the benchmark's table.
 MODEL_SHAPES = SHAPES
@@ -28,6 +28,17 @@ requires_kernel_gpu = pytest.mark.skipif(
     not (HAS_CUDA and CUDA_BUILD and kernel_gpu()),
     reason="needs an sm_90 or sm_100 GPU and a CUDA build of _C",
 )
+
+
+def gemm_rows(rows):
+    """GEMM row names as test parameters; a lab row whose kernels this _C lacks is skipped,
+    saying so."""
+    from kimi_router_ops import tables
+
+    return [pytest.param(row.name, marks=pytest.mark.skipif(
+                row in tables.gemm.LAB_VARIANTS and not gemm_row_linked(row.name),
+                reason="a lab row: _C was built without KIMI_ROUTER_OPS_LAB=1"))
+            for row in rows]
 
 
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,11 @@ import pytest
 
 import kimi_router_ops
 from kimi_router_ops import tables
-from kimi_router_ops.aot import compiled_kernels
+from kimi_router_ops.aot import LAB_ENV, compiled_kernels, lab_build
 from conftest import CUDA_BUILD, MODEL_SHAPES, requires_cuda_build
 
-AOT_DIR = Path(__file__).resolve().parent.parent / "build" / "aot"
+# (setup.py's directory: build/aot_lab for a build with the lab rows.)
+AOT_DIR = Path(__file__).resolve().parent.parent / "build" / ("aot_lab" if lab_build() else "aot")
 # The tests below inspect this checkout's ahead-of-time build (objects, PTX); a run against
 # an installed wheel has none.
 requires_aot_build = pytest.mark.skipif(
@@ -123,12 +124,25 @@ def symbols(family=""):
     return [k.symbol for k in compiled_kernels(family)]
 
 
+@pytest.mark.parametrize("lab", [False, True])
+def test_lab_rows_are_compiled_only_when_asked(monkeypatch, lab):
+    """A wheel's build compiles the product rows; KIMI_ROUTER_OPS_LAB=1 adds the lab rows."""
+    monkeypatch.setenv(LAB_ENV, "1" if lab else "0")
+    rows = {k.row for k in compiled_kernels("Gemm")}
+    assert rows == set(tables.gemm.ALL_VARIANTS if lab else tables.gemm.VARIANTS)
+
+
 @requires_cuda_build
-def test_every_variant_is_linked_for_every_arch():
-    assert kimi_router_ops.compiled_kernels() == symbols()
+def test_every_variant_is_linked_for_every_arch(monkeypatch):
+    """_C links exactly the kernels of a build with or without the lab rows."""
+    linked = kimi_router_ops.compiled_kernels()
+    lab = any(s.startswith(f"kimi_{tables.gemm.LAB_VARIANTS[0].name}_v") for s in linked)
+    monkeypatch.setenv(LAB_ENV, "1" if lab else "0")
+    assert linked == symbols()
     archs = {arch for arch, _ in tables.ARCHS}
     assert archs == {"sm_90a", "sm_100a"}
-    assert len(symbols("Gemm")) == (sum(len(v.kernel.vecs) * len(v.x_dtypes) for v in tables.gemm.ALL_VARIANTS)
+    rows = tables.gemm.ALL_VARIANTS if lab else tables.gemm.VARIANTS
+    assert len(symbols("Gemm")) == (sum(len(v.kernel.vecs) * len(v.x_dtypes) for v in rows)
                                     * len(tables.OUT_DTYPES) * len(archs))
     assert len(symbols("Router")) == len(tables.router.ROUTER_VARIANTS) * len(tables.BIAS_DTYPES) * len(archs)
     assert len(symbols("Routing")) == (len(tables.ROUTER_N_RANGES) * len(tables.OUT_DTYPES)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine without nvidia-cutlass-dsl: build _C from ahead-of-time objects made
-# elsewhere (KIMI_ROUTER_OPS_AOT_DIR, default build/aot), then run the given steps.
+# elsewhere (KIMI_ROUTER_OPS_AOT_DIR, default build/aot; built with KIMI_ROUTER_OPS_LAB=1 for
+# the lab rows the benchmarks and tests compare), then run the given steps.
 #   tools/device_run.sh [test] [main] [example] [bench] [bench-quick] [bench-decode] [chain]
 #                       [router] [router-decode] [example-tf] [sanitize] [sweep] [ksweep]
 #                       [precisions] [precisions-candidates] [test-some] [front]

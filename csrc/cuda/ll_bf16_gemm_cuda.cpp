@@ -21,7 +21,7 @@ const GemmKernel& gemm_kernel(const VariantRow& row, int vec, ScalarType x_dtype
   });
   KIMI_CHECK(kernel != nullptr, "router_gemm: no compiled kernel ", row.name, " vec", vec,
              " for ", dtype_name(x_dtype), " hidden_states, ", dtype_name(out_dtype),
-             " out, sm_", sm);
+             " out, sm_", sm, " (a lab row's kernels are built only with KIMI_ROUTER_OPS_LAB=1)");
   return *kernel;
 }
 

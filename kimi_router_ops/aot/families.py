@@ -7,6 +7,7 @@ fake arguments it is compiled on and the C struct that carries them to it come f
 the two cannot disagree. CuTe DSL and the kernel modules are imported only when compiling.
 """
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -105,11 +106,21 @@ def _gemm_tensors(vec: int, x_dtype: str, weight_dtype: str, out_dtype: str) -> 
 # -- GEMM ---------------------------------------------------------------------------------
 
 
+LAB_ENV = "KIMI_ROUTER_OPS_LAB"
+
+
+def lab_build() -> bool:
+    """Whether this build compiles the lab rows too (tables.gemm.LAB_VARIANTS):
+    KIMI_ROUTER_OPS_LAB=1, for benchmarks and experiments; wheels ship the product rows."""
+    return os.environ.get(LAB_ENV) == "1"
+
+
 def _gemm_kernels(arch, sm):
+    rows = tables.gemm.ALL_VARIANTS if lab_build() else tables.gemm.VARIANTS
     return [
         Kernel("Gemm", row, arch, sm, f"kimi_{row.name}_v{vec}{_x_suffix(row, x)}_{_SHORT[out]}_{arch}",
                vec=vec, x_dtype=x, out_dtype=out)
-        for row in tables.gemm.ALL_VARIANTS for vec in row.kernel.vecs for x in row.x_dtypes for out in tables.OUT_DTYPES
+        for row in rows for vec in row.kernel.vecs for x in row.x_dtypes for out in tables.OUT_DTYPES
     ]
 
 

@@ -29,6 +29,7 @@ import torch
 
 import kimi_router_ops
 from kimi_router_ops import tables
+from kimi_router_ops.testing import gemm_row_linked
 from .report import parse_bench_args, report_header, save_report, two_way_markdown
 from .peers import vllm_dsv4_topk, vllm_gate, vllm_serves
 from .router import CONFIGS
@@ -97,7 +98,7 @@ def consumers(m, config, peers, gemms=()):
                    scoring=scoring)
     k, n = config[:2]
     out = {"ll_bf16_gemm": lambda h, w, b: kimi_router_ops.ll_bf16_gemm(h, w)}
-    if m in NO_PREFETCH:
+    if m in NO_PREFETCH and gemm_row_linked(NO_PREFETCH[m]):  # a lab row: KIMI_ROUTER_OPS_LAB=1 builds it
         out["gemm, no prefetch"] = lambda h, w, b: kimi_router_ops.router_gemm_with_variant(h, w, NO_PREFETCH[m])
     for name in gemms:  # named kernels (lab rows), where one CTA computes M tokens
         if m <= tables.gemm.variant(name).max_m:

@@ -149,6 +149,7 @@ VARIANTS = (
 
 # Experiments, run only when named: what the prefetch, PDL and the trigger point are worth.
 # The benchmarks (bench/chain.py) and tests (test_cuda.py) compare each to its product twin.
+# Compiled only by a build with KIMI_ROUTER_OPS_LAB=1 (aot.lab_build); a wheel has none.
 LAB_VARIANTS = (
     _dotprod("m1_r4_t256", 1, rows=4, unroll=4, threads=256, prefetch=False),  # no weights before the wait
     _dotprod("m1_r4_t256_nopdl", 1, rows=4, unroll=4, threads=256, prefetch=False, pdl=False),  # no PDL
@@ -159,7 +160,7 @@ LAB_VARIANTS = (
     _mma("mma8_t2c4w8u7_before_wait", 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
 )
 
-# Every compiled GEMM kernel (the C++ table's rows, in this order).
+# Every GEMM row (the C++ table's rows, in this order; the lab rows' kernels where built).
 ALL_VARIANTS = VARIANTS + LAB_VARIANTS
 
 
