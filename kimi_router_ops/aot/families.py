@@ -42,7 +42,8 @@ class Kernel:
 @dataclass(frozen=True)
 class Family:
     """`name` gives the C++ names (<name>Args, <name>Kernel, k<name>Kernels); `fields` are the
-    (C++ type, name, value of a Kernel) of a table row besides its symbol and sm; `kernels`
+    (C++ type, name, comment, value of a Kernel) of its C++ table's rows besides the symbol,
+    sm and entry points (cpp.py's `_table`, as the dispatch's tables); `kernels`
     lists what one architecture compiles; `compile` gives a kernel's CuTe DSL object and its
     fake tensors by parameter name."""
 
@@ -293,27 +294,27 @@ def _index(rows, row) -> str:
 
 FAMILIES = (
     Family("Gemm", _params("x w gate_bias out:tensor has_gate_bias:int32"),
-           (("int", "variant", lambda k: _index(tables.gemm.ALL_VARIANTS, k.row)), ("int", "vec", lambda k: str(k.vec)),
-            ("c10::ScalarType", "x_dtype", lambda k: SCALAR_TYPES[k.x_dtype]),
-            ("c10::ScalarType", "out_dtype", lambda k: SCALAR_TYPES[k.out_dtype])),
+           (("int", "variant", "", lambda k: _index(tables.gemm.ALL_VARIANTS, k.row)), ("int", "vec", "", lambda k: str(k.vec)),
+            ("c10::ScalarType", "x_dtype", "", lambda k: SCALAR_TYPES[k.x_dtype]),
+            ("c10::ScalarType", "out_dtype", "", lambda k: SCALAR_TYPES[k.out_dtype])),
            _gemm_kernels, _compile_gemm),
     Family("Router", _params("x w gate_bias bias logits weights ids handoff input_ids hash_table counts:tensor "
                              "routing:routing has_gate_bias:int32"),
-           (("int", "router", lambda k: _index(tables.router.ROUTER_VARIANTS, k.row)),
-            ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.bias_dtype])),
+           (("int", "router", "", lambda k: _index(tables.router.ROUTER_VARIANTS, k.row)),
+            ("c10::ScalarType", "bias_dtype", "", lambda k: SCALAR_TYPES[k.bias_dtype])),
            _router_kernels, _compile_router),
     Family("Projection", _params("x w gate_bias logits p projection:tensor has_gate_bias ctas:int32"),
-           (("int", "m_lo", lambda k: str(k.row.m_lo)), ("int", "m_hi", lambda k: str(k.row.m_hi)),
-            ("int", "ctas_per_sm", lambda k: str(k.row.ctas_per_sm)), ("int64_t", "max_k", lambda k: str(k.row.max_k))),
+           (("int", "m_lo", "", lambda k: str(k.row.m_lo)), ("int", "m_hi", "", lambda k: str(k.row.m_hi)),
+            ("int", "ctas_per_sm", "", lambda k: str(k.row.ctas_per_sm)), ("int64_t", "max_k", "", lambda k: str(k.row.max_k))),
            _projection_kernels, _compile_projection),
     Family("Routing", _params("logits bias weights ids input_ids hash_table counts:tensor routing:routing"),
-           (("int", "n_min", lambda k: str(k.row.n_min)), ("int", "n_max", lambda k: str(k.row.n_max)),
-            ("c10::ScalarType", "logits_dtype", lambda k: SCALAR_TYPES[k.row.logits_dtype]),
-            ("c10::ScalarType", "bias_dtype", lambda k: SCALAR_TYPES[k.row.bias_dtype])),
+           (("int", "n_min", "", lambda k: str(k.row.n_min)), ("int", "n_max", "", lambda k: str(k.row.n_max)),
+            ("c10::ScalarType", "logits_dtype", "", lambda k: SCALAR_TYPES[k.row.logits_dtype]),
+            ("c10::ScalarType", "bias_dtype", "", lambda k: SCALAR_TYPES[k.row.bias_dtype])),
            _routing_kernels, _compile_routing),
     Family("Norm", _params("x residual weight out residual_out:tensor eps:float32"),
-           (("bool", "add_residual", lambda k: str(k.row.op == "fused_add_rms_norm").lower()),
-            ("int", "vec", lambda k: str(k.row.vec))),
+           (("bool", "add_residual", "", lambda k: str(k.row.op == "fused_add_rms_norm").lower()),
+            ("int", "vec", "", lambda k: str(k.row.vec))),
            _norm_kernels, _compile_norm),
     Family("AttnRes", _params("prefix delta:tensor blocks:tensor3 norm_weight qk_weight output_norm_weight out:tensor "
                               "num_blocks block_write_idx has_delta has_output_norm:int32 eps output_norm_eps:float32"),
