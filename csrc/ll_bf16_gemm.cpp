@@ -20,6 +20,12 @@ namespace kimi {
 
 namespace {
 
+void check_out_dtype(ScalarType out_dtype, const char* op) {
+  KIMI_CHECK(out_dtype == kFloat || out_dtype == kBFloat16,
+             op, ": out_dtype must be torch.float32 or torch.bfloat16, got ",
+             dtype_name(out_dtype));
+}
+
 // Shapes, devices and out_dtype: the part of the contract every GEMM op shares.
 void check_shapes(const Tensor& x, const Tensor& w, ScalarType out_dtype, const char* op) {
   KIMI_CHECK(x.dim() == 2, op, ": hidden_states must be 2-D [M, K], got shape ",
@@ -35,12 +41,25 @@ void check_shapes(const Tensor& x, const Tensor& w, ScalarType out_dtype, const 
   KIMI_CHECK(x.device() == w.device(),
              op, ": hidden_states and router_weight must be on the same device, got ",
              x.device(), " and ", w.device());
-  KIMI_CHECK(out_dtype == kFloat || out_dtype == kBFloat16,
-             op, ": out_dtype must be torch.float32 or torch.bfloat16, got ",
-             dtype_name(out_dtype));
+  check_out_dtype(out_dtype, op);
 }
 
 bool is_float_or_bf16(ScalarType t) { return t == kFloat || t == kBFloat16; }
+
+// router_gemm's dtype rules on its inputs (after them: the shapes, then the bias).
+void check_router_gemm_dtypes(ScalarType x, ScalarType w, const char* op) {
+  KIMI_CHECK(is_float_or_bf16(w), op, ": router_weight must be torch.bfloat16 or torch.float32, got ",
+             dtype_name(w));
+  KIMI_CHECK(is_float_or_bf16(x), op, ": hidden_states must be torch.bfloat16 or torch.float32, got ",
+             dtype_name(x));
+  KIMI_CHECK(w == kFloat || x == kBFloat16, op,
+             ": bf16 router_weight takes bf16 hidden_states, got ", dtype_name(x));
+}
+
+void check_gate_bias_dtype(ScalarType b, ScalarType w, const char* op, const char* bias_name) {
+  KIMI_CHECK(b == w, op, ": ", bias_name, " must have router_weight's dtype ", dtype_name(w),
+             ", got ", dtype_name(b));
+}
 
 }  // namespace
 
@@ -54,20 +73,11 @@ void check_inputs(const Tensor& x, const Tensor& w, ScalarType out_dtype, const 
 
 void check_router_gemm_inputs(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
                               ScalarType out_dtype, const char* op, const char* bias_name) {
-  KIMI_CHECK(is_float_or_bf16(w.scalar_type()), op,
-             ": router_weight must be torch.bfloat16 or torch.float32, got ",
-             dtype_name(w.scalar_type()));
-  KIMI_CHECK(is_float_or_bf16(x.scalar_type()), op,
-             ": hidden_states must be torch.bfloat16 or torch.float32, got ",
-             dtype_name(x.scalar_type()));
-  KIMI_CHECK(w.scalar_type() == kFloat || x.scalar_type() == kBFloat16, op,
-             ": bf16 router_weight takes bf16 hidden_states, got ", dtype_name(x.scalar_type()));
+  check_router_gemm_dtypes(x.scalar_type(), w.scalar_type(), op);
   check_shapes(x, w, out_dtype, op);
   if (gate_bias.has_value()) {
     const Tensor& b = *gate_bias;
-    KIMI_CHECK(b.scalar_type() == w.scalar_type(), op, ": ", bias_name,
-               " must have router_weight's dtype ", dtype_name(w.scalar_type()), ", got ",
-               dtype_name(b.scalar_type()));
+    check_gate_bias_dtype(b.scalar_type(), w.scalar_type(), op, bias_name);
     KIMI_CHECK(b.dim() == 1 && b.size(0) == w.size(0), op, ": ", bias_name,
                " must have shape [N]=[", w.size(0), "], got ", b.sizes());
     KIMI_CHECK(b.device() == w.device(), op, ": ", bias_name,
@@ -205,6 +215,23 @@ std::string ll_bf16_gemm_variant(int64_t M, int64_t N, int64_t K, ScalarType out
                                 aligned && K % vec16_elements(weight_dtype) == 0));
 }
 
+// "" where router_gemm takes these dtypes, else the error it raises: for callers choosing
+// between it and another GEMM (the engines' plugins), in the op's order of checks.
+std::string router_gemm_misfit(ScalarType x_dtype, ScalarType weight_dtype, ScalarType out_dtype,
+                               std::optional<ScalarType> bias_dtype) {
+  const char* op = "router_gemm";
+  try {
+    check_router_gemm_dtypes(x_dtype, weight_dtype, op);
+    check_out_dtype(out_dtype, op);
+    if (bias_dtype.has_value()) {
+      check_gate_bias_dtype(*bias_dtype, weight_dtype, op, "bias");
+    }
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 STABLE_TORCH_LIBRARY(kimi, m) {
@@ -229,6 +256,9 @@ STABLE_TORCH_LIBRARY(kimi, m) {
       "router_gemm(Tensor hidden_states, Tensor router_weight, Tensor? bias=None, "
       "ScalarType out_dtype=float32) -> Tensor");
   m.def("compiled_kernels() -> str[]");
+  m.def(
+      "router_gemm_misfit(ScalarType x_dtype, ScalarType weight_dtype, "
+      "ScalarType out_dtype=float32, ScalarType? bias_dtype=None) -> str");
 }
 
 // Ops without tensor arguments: one kernel serves every caller.
@@ -237,6 +267,7 @@ STABLE_TORCH_LIBRARY_IMPL(kimi, CompositeExplicitAutograd, m) {
   m.impl("compiled_kernels", TORCH_BOX(&compiled_kernel_symbols));
   m.impl("set_batch_invariant", TORCH_BOX(&set_batch_invariant));
   m.impl("is_batch_invariant", TORCH_BOX(&is_batch_invariant));
+  m.impl("router_gemm_misfit", TORCH_BOX(&router_gemm_misfit));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {

@@ -108,21 +108,16 @@ const RouterRow& router_row_by_name(const std::string& name) {
 namespace {
 
 // The CPU's router: the reference (a named row is only checked to exist).
-std::tuple<Tensor, Tensor, Tensor> router_reference(const char* op, const RouterRow*,
-                                                    const Tensor& x, const Tensor& w,
-                                                    const OptionalTensor& bias,
-                                                    const OptionalTensor& gate_bias,
-                                                    const RoutingParams& r,
-                                                    const RouterDestination* into) {
-  check_router_inputs(op, x, w, bias, gate_bias, r);
-  const Tensor logits = gemm_reference(x, w, gate_bias, kFloat);
-  auto [weights, ids] = routing_reference(logits, bias, r);
-  if (into == nullptr) {
+RouterOutputs router_reference(const RouterCall& c) {
+  check_router_inputs(c.op, c.x, c.w, c.bias, c.gate_bias, c.routing);
+  const Tensor logits = gemm_reference(c.x, c.w, c.gate_bias, kFloat);
+  auto [weights, ids] = routing_reference(logits, c.bias, c.routing);
+  if (c.into == nullptr) {
     return {weights, ids, logits};
   }
-  copy_into(into->logits, logits);
-  write_routing(weights, ids, w.size(0), r, into->routing);
-  return {into->routing.weights, into->routing.ids, into->logits};
+  copy_into(c.into->logits, logits);
+  write_routing(weights, ids, c.w.size(0), c.routing, c.into->routing);
+  return {c.into->routing.weights, c.into->routing.ids, c.into->logits};
 }
 
 std::string ll_bf16_router_variant(int64_t M, int64_t N, int64_t K, int64_t top_k,

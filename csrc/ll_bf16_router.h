@@ -44,35 +44,38 @@ struct RouterDestination {
 void check_router_outputs(const char* op, const Tensor& x, const Tensor& w,
                           const RoutingParams& r, const RouterDestination& out);
 
+// One router call as its implementations take it: `op` names the op whose contract applies
+// (check_router_inputs, which every implementation calls first); `forced` is the named row,
+// or nullptr for the automatic choice; `into` the caller's outputs (checked by the caller),
+// which the call returns, or nullptr for new tensors.
+struct RouterCall {
+  const char* op;
+  const RouterRow* forced;
+  const Tensor& x;
+  const Tensor& w;
+  const OptionalTensor& bias;
+  const OptionalTensor& gate_bias;
+  const RoutingParams& routing;
+  const RouterDestination* into = nullptr;
+};
+using RouterOutputs = std::tuple<Tensor, Tensor, Tensor>;
+
 #ifdef KIMI_WITH_CUDA
-// The router of CUDA inputs on the current stream (checked here, as `op`'s contract): the
-// named row `forced`, or nullptr for the automatic choice (csrc/cuda/ll_bf16_router_cuda.cpp);
-// into `into` (checked by the caller), which it returns, or into new tensors.
-std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow* forced,
-                                                const Tensor& x, const Tensor& w,
-                                                const OptionalTensor& bias,
-                                                const OptionalTensor& gate_bias,
-                                                const RoutingParams& routing,
-                                                const RouterDestination* into = nullptr);
+// The router of CUDA inputs on the current stream (csrc/cuda/ll_bf16_router_cuda.cpp).
+RouterOutputs route_on_gpu(const RouterCall& call);
 #endif
 
-// The four router ops over one implementation, Route(op, named row or nullptr, x, w, bias,
-// gate_bias, routing, destination or nullptr): the CPU's reference or the CUDA dispatch.
-// `op` names the op whose contract applies (check_router_inputs).
-using RouterOutputs = std::tuple<Tensor, Tensor, Tensor>;
-template <RouterOutputs (*Route)(const char*, const RouterRow*, const Tensor&, const Tensor&,
-                                 const OptionalTensor&, const OptionalTensor&,
-                                 const RoutingParams&, const RouterDestination*)>
+// The four router ops over one implementation: the CPU's reference or the CUDA dispatch.
+template <RouterOutputs (*Route)(const RouterCall&)>
 struct RouterOps {
   static RouterOutputs ll_bf16_router(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
                                       int64_t top_k, int64_t n_group, int64_t topk_group,
                                       bool renormalize, double routed_scaling_factor,
                                       const std::string& scoring) {
     const char* op = "ll_bf16_router";
-    return Route(op, nullptr, x, w, bias, std::nullopt,
-                 routing_params(op, top_k, n_group, topk_group, renormalize,
-                                routed_scaling_factor, scoring),
-                 nullptr);
+    return Route({op, nullptr, x, w, bias, std::nullopt,
+                  routing_params(op, top_k, n_group, topk_group, renormalize,
+                                 routed_scaling_factor, scoring)});
   }
 
   static RouterOutputs router(const Tensor& x, const Tensor& w, const OptionalTensor& bias,
@@ -81,10 +84,9 @@ struct RouterOps {
                               const std::string& scoring, const OptionalTensor& gate_bias,
                               const OptionalTensor& input_ids, const OptionalTensor& hash_table) {
     const char* op = "router";
-    return Route(op, nullptr, x, w, bias, gate_bias,
-                 routing_params(op, top_k, n_group, topk_group, renormalize,
-                                routed_scaling_factor, scoring, input_ids, hash_table),
-                 nullptr);
+    return Route({op, nullptr, x, w, bias, gate_bias,
+                  routing_params(op, top_k, n_group, topk_group, renormalize,
+                                 routed_scaling_factor, scoring, input_ids, hash_table)});
   }
 
   static RouterOutputs router_with_variant(
@@ -93,10 +95,9 @@ struct RouterOps {
       const std::string& variant, const std::string& scoring, const OptionalTensor& gate_bias,
       const OptionalTensor& input_ids, const OptionalTensor& hash_table) {
     const char* op = "router_with_variant";
-    return Route(op, &router_row_by_name(variant), x, w, bias, gate_bias,
-                 routing_params(op, top_k, n_group, topk_group, renormalize,
-                                routed_scaling_factor, scoring, input_ids, hash_table),
-                 nullptr);
+    return Route({op, &router_row_by_name(variant), x, w, bias, gate_bias,
+                  routing_params(op, top_k, n_group, topk_group, renormalize,
+                                 routed_scaling_factor, scoring, input_ids, hash_table)});
   }
 
   // `router` into the caller's tensors (CUDA graphs' static buffers), with expert counts and
@@ -116,7 +117,7 @@ struct RouterOps {
     check_router_inputs(op, x, w, bias, gate_bias, r);
     const RouterDestination out{logits, {topk_weights, topk_ids, expert_counts}};
     check_router_outputs(op, x, w, r, out);
-    Route(op, nullptr, x, w, bias, gate_bias, r, &out);
+    Route({op, nullptr, x, w, bias, gate_bias, r, &out});
   }
 
   // Registers the four for one dispatch key (STABLE_TORCH_LIBRARY_IMPL's library).

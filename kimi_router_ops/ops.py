@@ -298,6 +298,16 @@ def routing_misfit(num_experts: int, top_k: int, n_group: int = 1, topk_group: i
 
 @_op()
 @_constant_query
+def router_gemm_misfit(x_dtype: torch.dtype, weight_dtype: torch.dtype, out_dtype: torch.dtype = torch.float32,
+                       bias_dtype: torch.dtype | None = None) -> str:
+    """"" where `router_gemm` takes hidden states, weights, logits and a bias of these dtypes;
+    otherwise the error it would raise. For callers choosing between it and another GEMM (the
+    engines' plugins)."""
+    return _ops.router_gemm_misfit.default(x_dtype, weight_dtype, out_dtype, bias_dtype)
+
+
+@_op()
+@_constant_query
 def attn_res_kernel_misfit(hidden: int, num_blocks: int, sm: int = 90) -> str:
     """"" where `attn_res`'s kernel serves hidden size `hidden` and `num_blocks` blocks on a GPU
     of compute capability `sm`; otherwise why not (the op then runs its reference there)."""

@@ -1,4 +1,4 @@
-"""The contract queries (routing_misfit, attn_res_kernel_misfit): each answers as the op it
+"""The contract queries (routing_misfit, router_gemm_misfit, attn_res_kernel_misfit): each answers as the op it
 describes does, so a caller that asks them (the engines' plugins) never restates a check."""
 
 import pytest
@@ -24,6 +24,23 @@ def test_routing_misfit_is_moe_routings_error(n, top_k, n_group, topk_group, sco
     bias = None if bias_dtype is None else torch.randn(n).to(bias_dtype)
     try:
         kimi_router_ops.moe_routing(logits, bias, top_k, n_group, topk_group, scoring=scoring)
+    except RuntimeError as error:
+        assert misfit and misfit in str(error)
+    else:
+        assert misfit == ""
+
+
+@pytest.mark.parametrize("x_dtype", DTYPES)
+@pytest.mark.parametrize("weight_dtype", DTYPES)
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("bias_dtype", (None, *DTYPES))
+def test_router_gemm_misfit_is_router_gemms_error(x_dtype, weight_dtype, out_dtype, bias_dtype):
+    """"" exactly where router_gemm takes the dtypes; else the message it raises."""
+    misfit = kimi_router_ops.router_gemm_misfit(x_dtype, weight_dtype, out_dtype, bias_dtype)
+    x, w = torch.randn(2, 16).to(x_dtype), torch.randn(8, 16).to(weight_dtype)
+    bias = None if bias_dtype is None else torch.randn(8).to(bias_dtype)
+    try:
+        kimi_router_ops.router_gemm(x, w, bias, out_dtype)
     except RuntimeError as error:
         assert misfit and misfit in str(error)
     else:

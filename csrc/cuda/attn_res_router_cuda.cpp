@@ -15,7 +15,7 @@ AttnResRouterOutputs attn_res_router_on_gpu(const AttnResCall& call, const Tenso
                                             const RoutingParams& routing) {
   const DeviceGuard guard(call.prefix.get_device_index());
   const Tensor hidden = attn_res_on_gpu(call);
-  auto [weights, ids, logits] = route_on_gpu(call.op, nullptr, hidden, w, bias, gate_bias, routing);
+  auto [weights, ids, logits] = route_on_gpu({call.op, nullptr, hidden, w, bias, gate_bias, routing});
   return {hidden, weights, ids, logits};
 }
 

@@ -191,6 +191,20 @@ inline HashArgs hash_args(const OptionalTensor& input_ids, const OptionalTensor&
           ids, table};
 }
 
+// The x·Wᵀ operands of a GEMM, router or projection kernel's Args: x [M, K], w [N, K] and the
+// gate bias as a [1, N] row; without one, w stands in and the kernel runs with
+// has_gate_bias = 0, never reading it. Returns the gate bias tensor (a unit-stride copy where
+// needed), which must live until the launch.
+template <typename Args>
+Tensor put_gemm_operands(Args& args, const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias) {
+  const Tensor gate = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
+  args.x = matrix_arg(x);
+  args.w = matrix_arg(w);
+  args.gate_bias = row_arg(gate, w.size(0));
+  args.has_gate_bias = gate_bias.has_value();
+  return gate;
+}
+
 // A routing kernel's outputs (RoutingArgs, RouterArgs): topk_weights; topk_ids as int32
 // words (an int64 id two of them, its low word first: the kernel writes both); the expert
 // counts, or a stand-in the kernel never touches (has_counts = 0).

@@ -109,14 +109,9 @@ Tensor launch(const VariantRow* row, const Tensor& x_in, const Tensor& w_in,
   }
   const GemmKernel& kernel =
       gemm_kernel(*row, vec16 ? row->vec16 : 1, x.scalar_type(), out_dtype, sm);
-  // Without a gate bias the kernel runs with has_gate_bias = 0 and never reads the stand-in.
-  const Tensor bias = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
   GemmArgs args{};
-  args.x = matrix_arg(x);
-  args.w = matrix_arg(w);
-  args.gate_bias = row_arg(bias, N);
+  const Tensor gate = put_gemm_operands(args, x, w, gate_bias);
   args.out = matrix_arg(out);
-  args.has_gate_bias = gate_bias.has_value();
   const cudaStream_t stream = current_stream(device);
   if (M <= row->max_m) {
     launch_kernel(kGemmKernels, kernel, args, device, stream);

@@ -22,12 +22,8 @@ const RouterKernel& router_kernel(const RouterRow& row, ScalarType bias_dtype, i
 
 }  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow* forced,
-                                                const Tensor& x_in, const Tensor& w_in,
-                                                const OptionalTensor& bias_in,
-                                                const OptionalTensor& gate_bias,
-                                                const RoutingParams& routing,
-                                                const RouterDestination* into) {
+RouterOutputs route_on_gpu(const RouterCall& call) {
+  const auto& [op, forced, x_in, w_in, bias_in, gate_bias, routing, into] = call;
   check_router_inputs(op, x_in, w_in, bias_in, gate_bias, routing);
   const DeviceGuard guard(x_in.get_device_index());
   const Tensor x = unit_inner_stride(x_in);
@@ -62,17 +58,13 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
                       : RouterDestination{empty_on(x, {M, N}, kFloat),
                                           {empty_on(x, {M, routing.width()}, kFloat),
                                            empty_on(x, {M, routing.width()}, kInt), std::nullopt}};
-  // The biases as [1, N] rows with unit stride; a missing one is a stand-in the kernel never
-  // reads (has_bias or has_gate_bias = 0): the logits for the fp32 kernels' bias, the weights
-  // for the gate bias (w's dtype).
+  // The routing bias as a [1, N] row with unit stride; a missing one is a stand-in the kernel
+  // never reads (has_bias = 0): the logits, for the fp32 kernels' bias.
   const Tensor bias = bias_in.has_value() ? unit_stride_vector(*bias_in) : out.logits;
-  const Tensor gate = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
   const RouterKernel& kernel = router_kernel(*row, bias.scalar_type(), sm);
   const cudaStream_t stream = current_stream(device);
   RouterArgs args{};
-  args.x = matrix_arg(x);
-  args.w = matrix_arg(w);
-  args.gate_bias = row_arg(gate, N);
+  const Tensor gate = put_gemm_operands(args, x, w, gate_bias);
   args.bias = row_arg(bias, N);
   args.logits = matrix_arg(out.logits);
   args.handoff = {router_handoff(device, stream, M * N), {int32_t(M), int32_t(N)}, {N}};
@@ -81,7 +73,6 @@ std::tuple<Tensor, Tensor, Tensor> route_on_gpu(const char* op, const RouterRow*
   args.hash_table = hash.hash_table;
   args.routing = routing.kernel_scalars(bias_in.has_value());
   put_routing_outputs(args, out.routing, N, routing);
-  args.has_gate_bias = gate_bias.has_value();
   launch_kernel(kRouterKernels, kernel, args, device, stream);
   return {out.routing.weights, out.routing.ids, out.logits};
 }

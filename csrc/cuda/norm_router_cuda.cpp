@@ -16,7 +16,7 @@ NormRouterOutputs norm_router_on_gpu(const char* op, const Tensor& x, const Tens
   check_norm_router_inputs(op, x, residual, norm_weight, eps, w, bias, gate_bias, routing);
   const DeviceGuard guard(x.get_device_index());
   auto [normed, residual_out] = norm_on_gpu(x, residual, norm_weight, eps);
-  auto [weights, ids, logits] = route_on_gpu(op, nullptr, normed, w, bias, gate_bias, routing);
+  auto [weights, ids, logits] = route_on_gpu({op, nullptr, normed, w, bias, gate_bias, routing});
   return {normed, residual_out, weights, ids, logits};
 }
 

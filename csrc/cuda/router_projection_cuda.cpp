@@ -36,22 +36,17 @@ RouterProjectionOutputs router_projection_cuda(const Tensor& x_in, const Tensor&
           ? nullptr
           : projection_kernel(M, K, sm);
   if (kernel == nullptr) {
-    auto [weights, ids, logits] = route_on_gpu(kRouterAndProjection, nullptr, x, w, bias,
-                                               gate_bias, routing);
+    auto [weights, ids, logits] = route_on_gpu({kRouterAndProjection, nullptr, x, w, bias,
+                                                gate_bias, routing});
     return {weights, ids, logits, gemm_on_gpu(x, p, std::nullopt, kBFloat16)};
   }
   Tensor logits = empty_on(x, {M, N}, kFloat);
   Tensor projection = empty_on(x, {M, L}, kBFloat16);
-  // Without a gate bias the kernel runs with has_gate_bias = 0 and never reads the stand-in.
-  const Tensor gate = gate_bias.has_value() ? unit_stride_vector(*gate_bias) : w;
   ProjectionArgs args{};
-  args.x = matrix_arg(x);
-  args.w = matrix_arg(w);
-  args.gate_bias = row_arg(gate, N);
+  const Tensor gate = put_gemm_operands(args, x, w, gate_bias);
   args.logits = matrix_arg(logits);
   args.p = matrix_arg(p);
   args.projection = matrix_arg(projection);
-  args.has_gate_bias = gate_bias.has_value();
   args.ctas = kernel->ctas_per_sm * device_sm_count(device);
   launch_kernel(kProjectionKernels, *kernel, args, device, current_stream(device));
   auto [weights, ids] = moe_routing_on_gpu(logits, bias, routing);

@@ -6,18 +6,17 @@ import torch
 
 from .. import ops
 
-ROUTED_DTYPES = (torch.float32, torch.bfloat16)
 # The engines' scoring names the ops share; most engine functions know the first two only
 # (an unknown one must keep raising the engine's own error).
 CLASSIC_SCORINGS = ("sigmoid", "softmax")
 V4_SCORINGS = ("sigmoid", "sqrtsoftplus")  # the engines' DeepSeek-V4 routers (no softmax)
 
 
-def gate_dtypes_served(x_dtype, weight_dtype) -> bool:
-    """bf16 gates on bf16 tokens; fp32 gates on bf16 or fp32 tokens (what router_gemm takes)."""
-    if weight_dtype == torch.bfloat16:
-        return x_dtype == torch.bfloat16
-    return weight_dtype == torch.float32 and x_dtype in ROUTED_DTYPES
+def gate_served(x, weight, out_dtype=torch.float32, bias=None) -> bool:
+    """Whether router_gemm takes this gate call: 2-D hidden states, and dtypes it takes (its
+    own contract: ops.router_gemm_misfit)."""
+    return x.dim() == 2 and not ops.router_gemm_misfit(x.dtype, weight.dtype, out_dtype,
+                                                        None if bias is None else bias.dtype)
 
 
 def routes(gating_output, bias, scoring_func, top_k, n_group, topk_group, scorings=CLASSIC_SCORINGS) -> bool:

@@ -47,7 +47,7 @@ import os
 import torch
 
 from .. import ops
-from ._engines import V4_SCORINGS, gate_dtypes_served, routes
+from ._engines import V4_SCORINGS, gate_served, routes
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_SGLANG", "KIMI_ROUTER_OPS_SGLANG_GATE", "KIMI_ROUTER_OPS_SGLANG_ROUTING"
 ENV_ATTN_RES = "KIMI_ROUTER_OPS_SGLANG_ATTN_RES"
@@ -110,7 +110,7 @@ def _deterministic() -> bool:
 def moe_gate_forward(original, self, hidden_states, *args, **kwargs):
     """MoEGate.forward: router_gemm where the gate is a plain bf16 or fp32 matrix."""
     w = self.weight
-    if (gate_dtypes_served(hidden_states.dtype, w.dtype) and hidden_states.dim() == 2
+    if (gate_served(hidden_states, w)
             and not getattr(self, "use_intel_amx_backend", False) and not _deterministic()):
         # fp32 logits, as SGLang's CUDA path gives at every M (its CPU path rounds a bf16
         # gate's logits to bf16 above its tiny-GEMM size).

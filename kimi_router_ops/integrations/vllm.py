@@ -46,7 +46,7 @@ import sys
 import torch
 
 from .. import ops
-from ._engines import ROUTED_DTYPES, V4_SCORINGS, gate_dtypes_served, routes
+from ._engines import V4_SCORINGS, gate_served, routes
 
 ENV_ALL, ENV_GATE, ENV_ROUTING = "KIMI_ROUTER_OPS_VLLM", "KIMI_ROUTER_OPS_VLLM_GATE", "KIMI_ROUTER_OPS_VLLM_ROUTING"
 ENV_ATTN_RES = "KIMI_ROUTER_OPS_VLLM_ATTN_RES"
@@ -186,10 +186,9 @@ def _gate_class():
 
             def forward(self, x: torch.Tensor):
                 w, bias = self.weight, self.bias
-                if (self.is_unquantized and not envs.VLLM_BATCH_INVARIANT and x.dim() == 2
-                        and gate_dtypes_served(x.dtype, w.dtype) and self.out_dtype in (None, *ROUTED_DTYPES)
-                        and (bias is None or (not self.skip_bias_add and bias.dtype == w.dtype))):
-                    out_dtype = self.out_dtype or (torch.bfloat16 if w.dtype == torch.bfloat16 else torch.float32)
+                out_dtype = self.out_dtype or (torch.bfloat16 if w.dtype == torch.bfloat16 else torch.float32)
+                if (self.is_unquantized and not envs.VLLM_BATCH_INVARIANT
+                        and (bias is None or not self.skip_bias_add) and gate_served(x, w, out_dtype, bias)):
                     return self._return(ops.router_gemm(x, w, bias, out_dtype))
                 return super().forward(x)
 

@@ -5,7 +5,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, const_expr
 
 from ..tables import TRIGGERS
 
@@ -19,13 +19,38 @@ def strided_columns(s, tidx, kv_count, threads: int, unroll: int):
 
 
 @cute.jit
-def store_warp_sums(acc, partials, lane, warp, max_m: cutlass.Constexpr, rows: cutlass.Constexpr):
-    """Each warp's sum over its lanes of acc[m, r] into partials[m * rows + r, warp]."""
+def load_vector(src: cute.Tensor, dst: cute.Tensor, vec: cutlass.Constexpr = 8):
+    """One vector of `vec` elements of a row into registers, in one load (the views' rows are
+    aligned to a vector)."""
+    aligned = cute.make_tensor(src.iterator.align(vec * src.element_type.width // 8), src.layout)
+    cute.autovec_copy(aligned, dst)
+
+
+@cute.jit
+def accumulate_products(acc, x_regs, xu: cutlass.Constexpr, w_regs, u: cutlass.Constexpr,
+                        max_m: cutlass.Constexpr, rows: cutlass.Constexpr, vec: cutlass.Constexpr):
+    """acc[m, r] += x_regs[:, xu, m] . w_regs[:, u, r] in fp32 for every token m and weight
+    row r: one vector column of the dot products, element after element."""
+    for m in cutlass.range_constexpr(max_m):
+        xf = x_regs[None, xu, m].load().to(Float32)
+        for r in cutlass.range_constexpr(rows):
+            wf = w_regs[None, u, r].load().to(Float32)
+            a = acc[m, r]
+            for e in cutlass.range_constexpr(vec):
+                a = a + xf[e] * wf[e]
+            acc[m, r] = a
+
+
+@cute.jit
+def share_warp_sums(acc, partials, lane, warp, max_m: cutlass.Constexpr, rows: cutlass.Constexpr):
+    """Each warp's sum over its lanes of acc[m, r] into partials[m * rows + r, warp], then a
+    barrier: every warp's sums are there for any thread to read."""
     for m in cutlass.range_constexpr(max_m):
         for r in cutlass.range_constexpr(rows):
             total = cute.arch.warp_reduction_sum(acc[m, r])
             if lane == 0:
                 partials[m * rows + r, warp] = total
+    cute.arch.sync_threads()
 
 
 @cute.jit
@@ -54,6 +79,13 @@ class GemmKernel:
         if trigger not in TRIGGERS:
             raise ValueError(f"trigger must be one of {TRIGGERS}, got {trigger!r}")
         self.prefetch, self.pdl, self.trigger = prefetch, pdl, trigger
+
+    def _signal_dependents_at(self, point: str):
+        """Let the next kernel launch here if `point` is this kernel's trigger point (of a
+        PDL launch): it cannot read our output before its own wait returns, which is only
+        once this grid has finished and flushed."""
+        if const_expr(self.pdl and self.trigger == point):
+            cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
     def __call__(

@@ -25,7 +25,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
-from .common import store_warp_sums, sum_of_warps
+from .common import accumulate_products, load_vector, share_warp_sums, sum_of_warps
 
 VEC = 8  # bf16 elements of one 16-byte load
 RESIDENT_TOKENS = 2
@@ -75,17 +75,12 @@ class GateProjection:
             for r in cutlass.range_constexpr(self.rows):
                 row = cutlass.min(t * self.rows + r, wv.shape[0] - 1)
                 for u in cutlass.range_constexpr(self.unroll):
-                    self._load_vec(wv[row, (None, columns[u])], buf[None, u, r])
+                    load_vector(wv[row, (None, columns[u])], buf[None, u, r])
         else:
             for r in cutlass.range_constexpr(self.rows):
                 row = cutlass.min((t - gate_tiles) * self.rows + r, pv.shape[0] - 1)
                 for u in cutlass.range_constexpr(self.unroll):
-                    self._load_vec(pv[row, (None, columns[u])], buf[None, u, r])
-
-    @cute.jit
-    def _load_vec(self, src: cute.Tensor, dst: cute.Tensor):
-        aligned = cute.make_tensor(src.iterator.align(16), src.layout)
-        cute.autovec_copy(aligned, dst)
+                    load_vector(pv[row, (None, columns[u])], buf[None, u, r])
 
     @cute.jit
     def _load_x(self, xv, x_regs, columns, only_u: cutlass.Constexpr = -1):
@@ -94,7 +89,7 @@ class GateProjection:
             row = cutlass.min(Int32(m), xv.shape[0] - 1)
             for u in cutlass.range_constexpr(self.unroll):
                 if const_expr(only_u < 0 or u == only_u):
-                    self._load_vec(xv[row, (None, columns[u])], x_regs[None, u, m])
+                    load_vector(xv[row, (None, columns[u])], x_regs[None, u, m])
 
     @cute.jit
     def _finish_tile(self, xv, x_regs, buf, partials, slot, tile, gate_tiles, tiles, columns, padding,
@@ -114,17 +109,9 @@ class GateProjection:
                     # A clamped column: zero both operands (either may hold inf or NaN).
                     x_regs[None, u, None].fill(0.0)
                     buf[None, u, None].fill(0.0)
-                for m in cutlass.range_constexpr(max_m):
-                    xf = x_regs[None, u, m].load().to(Float32)
-                    for r in cutlass.range_constexpr(rows):
-                        wf = buf[None, u, r].load().to(Float32)
-                        a = acc[m, r]
-                        for e in cutlass.range_constexpr(VEC):
-                            a = a + xf[e] * wf[e]
-                        acc[m, r] = a
+                accumulate_products(acc, x_regs, u, buf, u, max_m, rows, VEC)
             mine = partials[slot, None, None]
-            store_warp_sums(acc, mine, lane, warp, max_m, rows)
-            cute.arch.sync_threads()
+            share_warp_sums(acc, mine, lane, warp, max_m, rows)
             if tidx < max_m * rows:
                 m = tidx // rows
                 r = tidx - m * rows

@@ -26,7 +26,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, const_expr
 
 from . import handoff as handoff_buffer
-from .common import GemmKernel, store_warp_sums, strided_columns, sum_of_warps
+from .common import GemmKernel, accumulate_products, load_vector, share_warp_sums, strided_columns, sum_of_warps
 
 
 # The most registers a thread gives to one step's x; more tokens load x a vector at a time.
@@ -86,16 +86,11 @@ class GemmDotprod(GemmKernel):
         )
 
     @cute.jit
-    def _load_vec(self, src: cute.Tensor, dst: cute.Tensor):
-        aligned = cute.make_tensor(src.iterator.align(self.vec * src.element_type.width // 8), src.layout)
-        cute.autovec_copy(aligned, dst)
-
-    @cute.jit
     def _load_weights(self, wv, w_regs, w_rows, kv_clamped):
         """One step's weight loads, rows_per_cta * unroll vectors a thread."""
         for u in cutlass.range_constexpr(self.unroll):
             for r in cutlass.range_constexpr(self.rows_per_cta):
-                self._load_vec(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r])
+                load_vector(wv[w_rows[r], (None, kv_clamped[u])], w_regs[None, u, r], self.vec)
 
     @cute.jit
     def _load_x(self, xv, x_regs, x_rows, columns, only_u: cutlass.Constexpr = -1):
@@ -103,7 +98,7 @@ class GemmDotprod(GemmKernel):
         for u in cutlass.range_constexpr(self.unroll):
             if const_expr(only_u < 0 or u == only_u):
                 for m in cutlass.range_constexpr(self.max_m):
-                    self._load_vec(xv[x_rows[m], (None, columns[u])], x_regs[None, 0 if only_u >= 0 else u, m])
+                    load_vector(xv[x_rows[m], (None, columns[u])], x_regs[None, 0 if only_u >= 0 else u, m], self.vec)
 
     def _step_columns(self, s, tidx, kv_count):
         kv, clamped = strided_columns(s, tidx, kv_count, self.threads, self.unroll)
@@ -142,14 +137,7 @@ class GemmDotprod(GemmKernel):
                         x_regs[None, xu, m].fill(0.0)
                     for r in cutlass.range_constexpr(rows):
                         w_regs[None, u, r].fill(0.0)
-            for m in cutlass.range_constexpr(max_m):
-                xf = x_regs[None, xu, m].load().to(Float32)
-                for r in cutlass.range_constexpr(rows):
-                    wf = w_regs[None, u, r].load().to(Float32)
-                    a = acc[m, r]
-                    for e in cutlass.range_constexpr(vec):
-                        a = a + xf[e] * wf[e]
-                    acc[m, r] = a
+            accumulate_products(acc, x_regs, xu, w_regs, u, max_m, rows, vec)
 
     @cute.jit
     def _load_step(self, xv, wv, w_regs, x_regs, w_rows, x_rows, columns, x_step: cutlass.Constexpr):
@@ -194,19 +182,15 @@ class GemmDotprod(GemmKernel):
         w_rows = [cutlass.min(n_first + r, n_count - 1) for r in range(rows)]
         x_rows = [cutlass.min(m_first + m, m_count - 1) for m in range(max_m)]
 
-        if const_expr(self.pdl and self.trigger == "at_entry"):
-            # As safe as later (below); the next kernel's CTAs start before our weight loads.
-            cute.arch.griddepcontrol_launch_dependents()
+        # As safe as later (below); the next kernel's CTAs start before our weight loads.
+        self._signal_dependents_at("at_entry")
         _, first_columns = self._step_columns(0 if self.k else Int32(0), tidx, kv_count)
         if const_expr(self.prefetch):
             # W does not depend on the kernel before us: issue the first step's weight loads
             # now, so they travel from HBM while we wait for hidden_states to be written.
             self._load_weights(wv, w_regs, w_rows, first_columns)
-        # Let the next kernel launch: it cannot read our output before its own wait, which
-        # returns only once this grid has finished and flushed, so the early signal is safe,
-        # and a dependent router kernel can stream its weights while we finish.
-        if const_expr(self.pdl and self.trigger == "before_wait"):
-            cute.arch.griddepcontrol_launch_dependents()
+        # A dependent router kernel can stream its weights while we finish.
+        self._signal_dependents_at("before_wait")
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
@@ -216,8 +200,7 @@ class GemmDotprod(GemmKernel):
             if const_expr(not self.prefetch):
                 self._load_weights(wv, w_regs, w_rows, first_columns)
             self._load_x(xv, x_regs, x_rows, first_columns)
-        if const_expr(self.pdl and self.trigger == "after_x"):
-            cute.arch.griddepcontrol_launch_dependents()
+        self._signal_dependents_at("after_x")
         # The gate bias of this thread's output, if it stores one, asked for now: a model's
         # bias is cold, and read only after the sums it would be an HBM round trip there.
         gate = Float32(0.0)
@@ -237,8 +220,7 @@ class GemmDotprod(GemmKernel):
         partials = smem.allocate_tensor(
             Float32, cute.make_layout((max_m * rows, num_warps), stride=(num_warps, 1)), 16
         )
-        store_warp_sums(acc, partials, lane, warp, max_m, rows)
-        cute.arch.sync_threads()
+        share_warp_sums(acc, partials, lane, warp, max_m, rows)
         if tidx < max_m * rows:
             m = tidx // rows
             r = tidx - m * rows
@@ -249,5 +231,4 @@ class GemmDotprod(GemmKernel):
                 out[m_first + m, n_first + r] = total.to(out.element_type)
                 if const_expr(handoff is not None):
                     handoff_buffer.publish(handoff, m_first + m, n_first + r, total, scoring)
-        if const_expr(self.pdl and self.trigger == "at_exit"):
-            cute.arch.griddepcontrol_launch_dependents()
+        self._signal_dependents_at("at_exit")

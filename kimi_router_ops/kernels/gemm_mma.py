@@ -33,7 +33,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from . import handoff as handoff_buffer
-from .common import GemmKernel
+from .common import GemmKernel, load_vector
 
 TILE_E = 16  # experts per MMA (its M)
 TILE_T = 8  # tokens per MMA (its N)
@@ -111,22 +111,17 @@ class GemmMma(GemmKernel):
         )
 
     @cute.jit
-    def _load_vec(self, src: cute.Tensor, dst: cute.Tensor):
-        aligned = cute.make_tensor(src.iterator.align(16), src.layout)
-        cute.autovec_copy(aligned, dst)
-
-    @cute.jit
     def _load_weights(self, wv, w_regs, w_rows, columns):
         for u in cutlass.range_constexpr(self.unroll):
             for i in cutlass.range_constexpr(self.tiles * 2):
-                self._load_vec(wv[w_rows[i], (None, columns[u])], w_regs[None, u, i])
+                load_vector(wv[w_rows[i], (None, columns[u])], w_regs[None, u, i])
 
     @cute.jit
     def _load_tokens(self, xv, x_regs, x_rows, columns, p):
         """Pass p's token blocks."""
         for u in cutlass.range_constexpr(self.unroll):
             for b in cutlass.range_constexpr(self.pass_blocks):
-                self._load_vec(xv[x_rows[p * self.pass_blocks + b], (None, columns[u])], x_regs[None, u, b])
+                load_vector(xv[x_rows[p * self.pass_blocks + b], (None, columns[u])], x_regs[None, u, b])
 
     @cute.jit
     def _multiply(self, mma, w_regs, x_regs, a_frag, acc, padding, p):
@@ -212,11 +207,10 @@ class GemmMma(GemmKernel):
             # now, wait just before the first remote store (long satisfied by then).
             cute.arch.cluster_arrive_relaxed()
 
-        if const_expr(self.pdl and self.trigger == "at_entry"):
-            # As safe as later (below); the next kernel's CTAs start before our weight loads,
-            # which measured faster for Kimi-K2-sized N on the one-tile kernel at M = 2..8
-            # (docs/kernel-notes.md).
-            cute.arch.griddepcontrol_launch_dependents()
+        # As safe as later (below); the next kernel's CTAs start before our weight loads,
+        # which measured faster for Kimi-K2-sized N on the one-tile kernel at M = 2..8
+        # (docs/kernel-notes.md).
+        self._signal_dependents_at("at_entry")
         # Step 0 is peeled: its loads are all issued before launch_dependents, which the
         # compiler does not move loads across, so the whole step is in flight at once
         # (otherwise it sinks each x load next to its MMA, one L2 round trip after another).
@@ -225,11 +219,10 @@ class GemmMma(GemmKernel):
             # W never depends on the kernel before us: request the first step's weights now,
             # so they travel from HBM while that kernel finishes writing hidden_states.
             self._load_weights(wv, w_regs, w_rows, columns)
-        if const_expr(self.pdl and self.trigger == "before_wait"):
-            # As safe as after the x loads (below), and the next kernel's CTAs get going
-            # sooner: in some fused router rows that keeps their weight stream out of the
-            # way of our handoff (docs/kernel-notes.md).
-            cute.arch.griddepcontrol_launch_dependents()
+        # As safe as after the x loads (below), and the next kernel's CTAs get going
+        # sooner: in some fused router rows that keeps their weight stream out of the
+        # way of our handoff (docs/kernel-notes.md).
+        self._signal_dependents_at("before_wait")
         if const_expr(self.pdl):
             # Everything below may read hidden_states, which the previous kernel writes.
             cute.arch.griddepcontrol_wait()
@@ -238,8 +231,7 @@ class GemmMma(GemmKernel):
             self._load_weights(wv, w_regs, w_rows, columns)
         self._load_tokens(xv, x_regs, x_rows, columns, 0)
         if const_expr(self.pdl and self.trigger == "after_x"):
-            # Safe this early: a dependent cannot read our output before its own wait returns,
-            # which is after this grid has finished; meanwhile it can stream its weights.
+            # Safe this early; meanwhile a dependent can stream its weights.
             cute.arch.griddepcontrol_launch_dependents()
         elif const_expr(self.pdl):
             _keep_loads_above()
