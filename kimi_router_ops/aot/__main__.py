@@ -25,8 +25,8 @@ def export(fam, kernel, out_dir: Path) -> None:
     import cuda.bindings.driver as cuda
     import cutlass.cute as cute
 
-    obj, tensors = fam.compile(kernel)
-    compiled = cute.compile(obj, *fake_arguments(fam, tensors), cuda.CUstream(0), options="--keep-ptx")
+    compiled = cute.compile(fam.compile(kernel), *fake_arguments(fam, kernel), cuda.CUstream(0),
+                            options="--keep-ptx")
     arch_dir = out_dir / kernel.arch
     arch_dir.mkdir(parents=True, exist_ok=True)
     compiled.export_to_c(str(arch_dir), kernel.symbol, kernel.symbol)

@@ -16,11 +16,18 @@ from .. import tables
 
 @dataclass(frozen=True)
 class Param:
-    """One argument of an exported kernel: a "tensor" (rank 2: two sizes, one row stride), a
-    "tensor3" (rank 3), an "int32", a "float32", or "routing" (the ROUTING_SCALARS)."""
+    """One argument of an exported kernel. A tensor ("tensor", rank 2, or "tensor3") has
+    `dims`, the names of its run-time sizes (a name is one size wherever it stands in a
+    family's params; ONE stands for 1), a `dtype` (a dtype name or a role the family's
+    `layout` gives a dtype for), and if `vec`, rows of whole vectors: its inner size and
+    strides multiples of the family's vector, its base aligned to one. A scalar is "int32",
+    "float32", or "routing" (the ROUTING_SCALARS)."""
 
     name: str
     kind: str
+    dtype: str = ""
+    dims: tuple = ()
+    vec: bool = False
 
 
 @dataclass(frozen=True)
@@ -44,24 +51,33 @@ class Family:
     """`name` gives the C++ names (<name>Args, <name>Kernel, k<name>Kernels); `fields` are the
     (C++ type, name, comment, value of a Kernel) of its C++ table's rows besides the symbol,
     sm and entry points (cpp.py's `_table`, as the dispatch's tables); `kernels`
-    lists what one architecture compiles; `compile` gives a kernel's CuTe DSL object and its
-    fake tensors by parameter name."""
+    lists what one architecture compiles; `compile` gives a kernel's CuTe DSL object, and
+    `layout` its vector width ("vec") and the dtype of each dtype role of its params."""
 
     name: str
     params: tuple
     fields: tuple
     kernels: Callable[[str, int], list]
-    compile: Callable[[Kernel], tuple]
+    compile: Callable[[Kernel], object]
+    layout: Callable[[Kernel], dict]
 
 
 def _params(spec: str) -> tuple:
-    """'x w:tensor has_gate_bias:int32' -> Params; a name without a kind takes the next one's."""
+    """'x w:M,K:x/v gate_bias:ONE,N:weight has_gate_bias:int32' -> Params: a tensor's sizes,
+    dtype and "/v" where its rows are vectors; a scalar's kind. A name without a kind takes
+    the next one's."""
     params, pending = [], []
     for word in spec.split():
         name, _, kind = word.partition(":")
         pending.append(name)
         if kind:
-            params += [Param(n, kind) for n in pending]
+            if kind in ("int32", "float32", "routing"):
+                params += [Param(n, kind) for n in pending]
+            else:
+                dims, dtype = kind.split(":")
+                dims = tuple(dims.split(","))
+                params += [Param(n, "tensor" if len(dims) == 2 else "tensor3", dtype.removesuffix("/v"), dims,
+                                 dtype.endswith("/v")) for n in pending]
             pending = []
     assert not pending, spec
     return tuple(params)
@@ -74,34 +90,7 @@ SCALAR_TYPES = {"float32": "c10::ScalarType::Float", "bfloat16": "c10::ScalarTyp
 def _dsl_type(dtype: str):
     import cutlass
 
-    return {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16}[dtype]
-
-
-def _row_major(dtype: str, shape, align=None):
-    """A fake row-major rank-2 tensor: run-time sizes and row stride."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    t = _dsl_type(dtype) if isinstance(dtype, str) else dtype
-    return make_fake_tensor(t, shape, (cute.sym_int64(), 1), assumed_align=align or t.width // 8)
-
-
-def _gemm_tensors(vec: int, x_dtype: str, weight_dtype: str, out_dtype: str) -> dict:
-    """x [M, K], w [N, K], gate_bias [1, N] (w's dtype), out [M, N]: every size and row stride
-    a run-time value, K and the strides multiples of `vec`."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
-    m, n = cute.sym_int32(symbol="M"), cute.sym_int32(symbol="N")
-    k = cute.sym_int32(divisibility=vec, symbol="K")
-
-    def operand(dtype, rows):
-        t = _dsl_type(dtype)
-        return make_fake_tensor(t, (rows, k), (cute.sym_int64(divisibility=vec), 1), assumed_align=vec * t.width // 8)
-
-    return {"x": operand(x_dtype, m), "w": operand(weight_dtype, n),
-            "gate_bias": _row_major(weight_dtype, (cute.sym_int32(symbol="ONE"), n)),
-            "out": _row_major(out_dtype, (m, n))}
+    return {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16, "int32": cutlass.Int32}[dtype]
 
 
 # -- GEMM ---------------------------------------------------------------------------------
@@ -148,8 +137,11 @@ def gemm_object(row, vec, x_dtype="bfloat16", trigger=None):
 
 
 def _compile_gemm(k):
-    return gemm_object(k.row, k.vec, k.x_dtype), _gemm_tensors(k.vec, k.x_dtype, k.row.kernel.weight_dtype,
-                                                               k.out_dtype)
+    return gemm_object(k.row, k.vec, k.x_dtype)
+
+
+def _gemm_layout(k):
+    return dict(vec=k.vec, x=k.x_dtype, weight=k.row.kernel.weight_dtype, out=k.out_dtype)
 
 
 # -- fused router ---------------------------------------------------------------------------
@@ -169,31 +161,13 @@ def router_object(row):
                         at_publisher=row.at_publisher)
 
 
-def _routing_outputs(m, n, bias_dtype):
-    """bias [1, N], weights and ids [M, top_k] (ids as int32 words); a hash-routed call's
-    input_ids [1, M x words] and hash_table [V, top_k x words] as int32 words; the expert counts
-    [1, N + shared experts]."""
-    import cutlass
-    import cutlass.cute as cute
-
-    top_k, one = cute.sym_int32(symbol="TOPK"), cute.sym_int32(symbol="ONE")
-    return {"bias": _row_major(bias_dtype, (one, n)),
-            "weights": _row_major(cutlass.Float32, (m, top_k)), "ids": _row_major(cutlass.Int32, (m, top_k)),
-            "input_ids": _row_major(cutlass.Int32, (one, cute.sym_int32(symbol="IDS"))),
-            "hash_table": _row_major(cutlass.Int32, (cute.sym_int32(symbol="V"), cute.sym_int32(symbol="C"))),
-            "counts": _row_major(cutlass.Int32, (one, cute.sym_int32(symbol="NS")))}
-
-
 def _compile_router(k):
-    import cutlass
-    import cutlass.cute as cute
+    return router_object(k.row)
 
-    weight_dtype = k.row.weight_dtype
-    tensors = _gemm_tensors(8 if weight_dtype == "bfloat16" else 4, "bfloat16", weight_dtype, "float32")
-    tensors["logits"] = tensors.pop("out")
-    m, n = cute.sym_int32(symbol="M"), tensors["w"].shape[0]
-    tensors.update(_routing_outputs(m, n, k.bias_dtype), handoff=_row_major(cutlass.Int32, (m, n)))
-    return router_object(k.row), tensors
+
+def _router_layout(k):
+    weight = k.row.weight_dtype
+    return dict(vec=8 if weight == "bfloat16" else 4, weight=weight, bias=k.bias_dtype)
 
 
 # -- the gate and a projection -------------------------------------------------------------
@@ -206,12 +180,8 @@ def _projection_kernels(arch, sm):
 def _compile_projection(k):
     from ..kernels.gate_projection import GateProjection
 
-    tensors = _gemm_tensors(8, "bfloat16", "bfloat16", "float32")
-    tensors["logits"] = tensors.pop("out")
-    projection = _gemm_tensors(8, "bfloat16", "bfloat16", "bfloat16")
-    tensors.update(p=projection["w"], projection=projection["out"])
     row = k.row
-    return GateProjection(row.m_hi, row.rows, row.unroll, row.threads, row.ctas_per_sm), tensors
+    return GateProjection(row.m_hi, row.rows, row.unroll, row.threads, row.ctas_per_sm)
 
 
 # -- routing --------------------------------------------------------------------------------
@@ -224,13 +194,9 @@ def _routing_kernels(arch, sm):
 
 
 def _compile_routing(k):
-    import cutlass.cute as cute
-
     from ..kernels.moe_routing import MoeRouting
 
-    m, n = cute.sym_int32(symbol="M"), cute.sym_int32(symbol="N")
-    tensors = {"logits": _row_major(k.row.logits_dtype, (m, n)), **_routing_outputs(m, n, k.row.bias_dtype)}
-    return MoeRouting(k.row.n_max, tables.routing.ROUTING_WARPS), tensors
+    return MoeRouting(k.row.n_max, tables.routing.ROUTING_WARPS)
 
 
 # -- norms ----------------------------------------------------------------------------------
@@ -241,23 +207,9 @@ def _norm_kernels(arch, sm):
 
 
 def _compile_norm(k):
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
     from ..kernels.rms_norm import RmsNorm
 
-    vec = k.row.vec
-    m, kk = cute.sym_int32(symbol="M"), cute.sym_int32(divisibility=vec, symbol="K")
-
-    def fake(rows):
-        return make_fake_tensor(cutlass.BFloat16, (rows, kk), (cute.sym_int64(divisibility=vec), 1),
-                                assumed_align=2 * vec)
-
-    tensors = {"x": fake(m), "residual": fake(m), "weight": fake(cute.sym_int32(symbol="ONE")), "out": fake(m),
-               "residual_out": fake(m)}
-    kernel = RmsNorm(vec, k.row.op == "fused_add_rms_norm", k.row.threads, k.row.unroll)
-    return kernel, tensors
+    return RmsNorm(k.row.vec, k.row.op == "fused_add_rms_norm", k.row.threads, k.row.unroll)
 
 
 # -- AttnRes --------------------------------------------------------------------------------
@@ -268,57 +220,50 @@ def _attn_res_kernels(arch, sm):
 
 
 def _compile_attn_res(k):
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_tensor
-
     from ..kernels.attn_res import AttnRes
 
-    m, h = cute.sym_int32(symbol="M"), cute.sym_int32(divisibility=8, symbol="H")
-
-    def fake(rows):
-        return make_fake_tensor(cutlass.BFloat16, (rows, h), (cute.sym_int64(divisibility=8), 1), assumed_align=16)
-
-    blocks = make_fake_tensor(cutlass.BFloat16, (m, cute.sym_int32(symbol="R"), h),
-                              (cute.sym_int64(divisibility=8), cute.sym_int64(divisibility=8), 1), assumed_align=16)
-    one = cute.sym_int32(symbol="ONE")
-    tensors = {"prefix": fake(m), "delta": fake(m), "blocks": blocks, "norm_weight": fake(one),
-               "qk_weight": fake(one), "output_norm_weight": fake(one), "out": fake(m)}
     row = k.row
-    return AttnRes(row.cluster, row.threads, row.max_blocks), tensors
+    return AttnRes(row.cluster, row.threads, row.max_blocks)
 
 
 def _index(rows, row) -> str:
     return str(rows.index(row))
 
 
+_ROUTING_OUTPUTS = "weights:M,TOPK:float32 ids:M,TOPK:int32"  # ids as int32 words
+_HASH_AND_COUNTS = "input_ids:ONE,IDS:int32 hash_table:V,C:int32 counts:ONE,NS:int32"  # int32 words
+
 FAMILIES = (
-    Family("Gemm", _params("x w gate_bias out:tensor has_gate_bias:int32"),
+    Family("Gemm", _params("x:M,K:x/v w:N,K:weight/v gate_bias:ONE,N:weight out:M,N:out has_gate_bias:int32"),
            (("int", "variant", "", lambda k: _index(tables.gemm.ALL_VARIANTS, k.row)), ("int", "vec", "", lambda k: str(k.vec)),
             ("c10::ScalarType", "x_dtype", "", lambda k: SCALAR_TYPES[k.x_dtype]),
             ("c10::ScalarType", "out_dtype", "", lambda k: SCALAR_TYPES[k.out_dtype])),
-           _gemm_kernels, _compile_gemm),
-    Family("Router", _params("x w gate_bias bias logits weights ids handoff input_ids hash_table counts:tensor "
+           _gemm_kernels, _compile_gemm, _gemm_layout),
+    Family("Router", _params("x:M,K:bfloat16/v w:N,K:weight/v gate_bias:ONE,N:weight bias:ONE,N:bias "
+                             f"logits:M,N:float32 {_ROUTING_OUTPUTS} handoff:M,N:int32 {_HASH_AND_COUNTS} "
                              "routing:routing has_gate_bias:int32"),
            (("int", "router", "", lambda k: _index(tables.router.ROUTER_VARIANTS, k.row)),
             ("c10::ScalarType", "bias_dtype", "", lambda k: SCALAR_TYPES[k.bias_dtype])),
-           _router_kernels, _compile_router),
-    Family("Projection", _params("x w gate_bias logits p projection:tensor has_gate_bias ctas:int32"),
+           _router_kernels, _compile_router, _router_layout),
+    Family("Projection", _params("x:M,K:bfloat16/v w:N,K:bfloat16/v gate_bias:ONE,N:bfloat16 logits:M,N:float32 "
+                                 "p:L,K:bfloat16/v projection:M,L:bfloat16 has_gate_bias ctas:int32"),
            (("int", "m_lo", "", lambda k: str(k.row.m_lo)), ("int", "m_hi", "", lambda k: str(k.row.m_hi)),
             ("int", "ctas_per_sm", "", lambda k: str(k.row.ctas_per_sm)), ("int64_t", "max_k", "", lambda k: str(k.row.max_k))),
-           _projection_kernels, _compile_projection),
-    Family("Routing", _params("logits bias weights ids input_ids hash_table counts:tensor routing:routing"),
+           _projection_kernels, _compile_projection, lambda k: dict(vec=8)),
+    Family("Routing", _params(f"logits:M,N:logits bias:ONE,N:bias {_ROUTING_OUTPUTS} {_HASH_AND_COUNTS} routing:routing"),
            (("int", "n_min", "", lambda k: str(k.row.n_min)), ("int", "n_max", "", lambda k: str(k.row.n_max)),
             ("c10::ScalarType", "logits_dtype", "", lambda k: SCALAR_TYPES[k.row.logits_dtype]),
             ("c10::ScalarType", "bias_dtype", "", lambda k: SCALAR_TYPES[k.row.bias_dtype])),
-           _routing_kernels, _compile_routing),
-    Family("Norm", _params("x residual weight out residual_out:tensor eps:float32"),
+           _routing_kernels, _compile_routing, lambda k: dict(logits=k.row.logits_dtype, bias=k.row.bias_dtype)),
+    Family("Norm", _params("x residual:M,K:bfloat16/v weight:ONE,K:bfloat16/v out residual_out:M,K:bfloat16/v "
+                           "eps:float32"),
            (("bool", "add_residual", "", lambda k: str(k.row.op == "fused_add_rms_norm").lower()),
             ("int", "vec", "", lambda k: str(k.row.vec))),
-           _norm_kernels, _compile_norm),
-    Family("AttnRes", _params("prefix delta:tensor blocks:tensor3 norm_weight qk_weight output_norm_weight out:tensor "
+           _norm_kernels, _compile_norm, lambda k: dict(vec=k.row.vec)),
+    Family("AttnRes", _params("prefix delta:M,H:bfloat16/v blocks:M,R,H:bfloat16/v "
+                              "norm_weight qk_weight output_norm_weight:ONE,H:bfloat16/v out:M,H:bfloat16/v "
                               "num_blocks block_write_idx has_delta has_output_norm:int32 eps output_norm_eps:float32"),
-           (), _attn_res_kernels, _compile_attn_res),
+           (), _attn_res_kernels, _compile_attn_res, lambda k: dict(vec=8)),
 )
 
 
@@ -328,19 +273,38 @@ def compiled_kernels(name: str = "", arch: str = "") -> list:
             for k in f.kernels(a, sm)]
 
 
-def fake_arguments(fam: Family, tensors: dict) -> list:
-    """The kernel's arguments in `params` order: the fake tensors, then a run-time value of
-    each scalar's type."""
+def fake_arguments(fam: Family, kernel: Kernel) -> list:
+    """The kernel's arguments in `params` order: a fake tensor of each tensor param (each
+    size a run-time value, one for each name; the strides run-time values, multiples of the
+    vector in rows of vectors) and a run-time value of each scalar's type."""
     import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_tensor
+
+    layout = fam.layout(kernel)
+    vec = layout.get("vec", 1)
+    vector_sizes = {p.dims[-1] for p in fam.params if p.vec}
+    sizes = {}
+
+    def size(name):
+        if name not in sizes:
+            sizes[name] = (cute.sym_int32(divisibility=vec, symbol=name) if name in vector_sizes
+                           else cute.sym_int32(symbol=name))
+        return sizes[name]
+
+    def fake(p):
+        dtype = _dsl_type(layout.get(p.dtype, p.dtype))
+        strides = [cute.sym_int64(divisibility=vec) if p.vec else cute.sym_int64() for _ in p.dims[1:]]
+        return make_fake_tensor(dtype, tuple(size(d) for d in p.dims), (*strides, 1),
+                                assumed_align=(vec if p.vec else 1) * dtype.width // 8)
 
     scalar = {"int32": cutlass.Int32(1), "float32": cutlass.Float32(1.0)}
     args = []
     for p in fam.params:
         if p.kind in ("tensor", "tensor3"):
-            args.append(tensors.pop(p.name))
+            args.append(fake(p))
         elif p.kind == "routing":
             args += [scalar[kind] for _, kind in tables.ROUTING_SCALARS]
         else:
             args.append(scalar[p.kind])
-    assert not tensors, f"{fam.name}: fake tensors without a parameter: {sorted(tensors)}"
     return args
