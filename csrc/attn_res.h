@@ -37,7 +37,7 @@ std::string attn_res_kernel_misfit(int64_t hidden, int64_t num_blocks, int64_t s
 
 #ifdef KIMI_WITH_CUDA
 // A checked call on its GPU, on the current stream: the PDL kernel where it serves the
-// inputs, the reference elsewhere (csrc/cuda/attn_res_cuda.cpp).
+// inputs, the reference elsewhere (csrc/attn_res.cpp).
 Tensor attn_res_on_gpu(const AttnResCall& call);
 #endif
 

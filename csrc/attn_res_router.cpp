@@ -5,12 +5,15 @@
 //         hidden = attn_res(prefix, delta, blocks, ..., output_norm_eps)
 //
 // exactly the composition of the two ops on the same device, attn_res's writes into prefix
-// and blocks included: the CPU runs the references, CUDA (csrc/cuda/attn_res_router_cuda.cpp)
+// and blocks included: the CPU runs the references, CUDA (below)
 // the AttnRes kernel, then the router op's dispatch.
 
 #include "attn_res_router.h"
 #include "ll_bf16_gemm.h"
 #include "ll_bf16_router.h"
+#ifdef KIMI_WITH_CUDA
+#include "cuda/kernel_support.h"
+#endif
 
 namespace kimi {
 
@@ -54,5 +57,28 @@ STABLE_TORCH_LIBRARY_FRAGMENT(kimi, m) {
 STABLE_TORCH_LIBRARY_IMPL(kimi, CPU, m) {
   m.impl("attn_res_router", TORCH_BOX(&attn_res_router_op<attn_res_router_reference>));
 }
+
+#ifdef KIMI_WITH_CUDA
+
+// CUDA implementation of attn_res_router: the AttnRes kernel (which releases the next launch
+// at its entry), then the router op's dispatch, whose kernels stream their weights before
+// their PDL wait. Not one kernel: every router CTA would recompute AttnRes's mix of the
+// token's 9 sources (docs/kernel-notes.md, "The norm in the router's prologue").
+
+AttnResRouterOutputs attn_res_router_on_gpu(const AttnResCall& call, const Tensor& w,
+                                            const OptionalTensor& bias,
+                                            const OptionalTensor& gate_bias,
+                                            const RoutingParams& routing) {
+  const DeviceGuard guard(call.prefix.get_device_index());
+  const Tensor hidden = attn_res_on_gpu(call);
+  auto [weights, ids, logits] = route_on_gpu({call.op, nullptr, hidden, w, bias, gate_bias, routing});
+  return {hidden, weights, ids, logits};
+}
+
+STABLE_TORCH_LIBRARY_IMPL(kimi, CUDA, m) {
+  m.impl("attn_res_router", TORCH_BOX(&attn_res_router_op<attn_res_router_on_gpu>));
+}
+
+#endif  // KIMI_WITH_CUDA
 
 }  // namespace kimi

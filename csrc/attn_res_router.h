@@ -26,7 +26,7 @@ using AttnResRouterFn = AttnResRouterOutputs (*)(const AttnResCall& call, const 
                                                  const RoutingParams& r);
 
 #ifdef KIMI_WITH_CUDA
-// The front on CUDA inputs, on the current stream (csrc/cuda/attn_res_router_cuda.cpp).
+// The front on CUDA inputs, on the current stream (csrc/attn_res_router.cpp).
 AttnResRouterOutputs attn_res_router_on_gpu(const AttnResCall& call, const Tensor& w,
                                             const OptionalTensor& bias,
                                             const OptionalTensor& gate_bias,

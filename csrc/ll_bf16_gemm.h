@@ -56,7 +56,7 @@ std::vector<std::string> compiled_kernel_symbols();
 
 #ifdef KIMI_WITH_CUDA
 // The GEMM of checked CUDA inputs on the current stream: the chosen kernel, or cuBLAS
-// (csrc/cuda/ll_bf16_gemm_cuda.cpp). Into `into` where given (out_dtype [M, N], unit stride
+// (csrc/ll_bf16_gemm.cpp). Into `into` where given (out_dtype [M, N], unit stride
 // along N: the kernels write it, cuBLAS's result is copied in), which it returns.
 Tensor gemm_on_gpu(const Tensor& x, const Tensor& w, const OptionalTensor& gate_bias,
                    ScalarType out_dtype, const Tensor* into = nullptr);

@@ -61,7 +61,7 @@ struct RouterCall {
 using RouterOutputs = std::tuple<Tensor, Tensor, Tensor>;
 
 #ifdef KIMI_WITH_CUDA
-// The router of CUDA inputs on the current stream (csrc/cuda/ll_bf16_router_cuda.cpp).
+// The router of CUDA inputs on the current stream (csrc/ll_bf16_router.cpp).
 RouterOutputs route_on_gpu(const RouterCall& call);
 #endif
 

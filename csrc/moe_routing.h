@@ -114,7 +114,7 @@ bool routing_kernel_fits(int64_t N, const RoutingParams& r, int64_t sm);
 
 #ifdef KIMI_WITH_CUDA
 // The routing of checked CUDA logits on the current stream: the kernel where it fits,
-// the reference otherwise (csrc/cuda/moe_routing_cuda.cpp).
+// the reference otherwise (csrc/moe_routing.cpp).
 std::tuple<Tensor, Tensor> moe_routing_on_gpu(const Tensor& logits, const OptionalTensor& bias,
                                               const RoutingParams& r);
 // The same into `out` (checked).

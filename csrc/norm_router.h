@@ -26,7 +26,7 @@ using NormRouterFn = NormRouterOutputs (*)(const char* op, const Tensor& x, cons
                                            const RoutingParams& r);
 
 #ifdef KIMI_WITH_CUDA
-// The fronts on CUDA inputs, on the current stream (csrc/cuda/norm_router_cuda.cpp).
+// The fronts on CUDA inputs, on the current stream (csrc/norm_router.cpp).
 NormRouterOutputs norm_router_on_gpu(const char* op, const Tensor& x, const Tensor* residual,
                                      const Tensor& norm_weight, double eps, const Tensor& w,
                                      const OptionalTensor& bias, const OptionalTensor& gate_bias,
