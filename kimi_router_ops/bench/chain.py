@@ -45,21 +45,26 @@ NO_PREFETCH = {1: "m1_r4_t256", 2: "mma8_t2c4w8u7_noprefetch", 4: "mma8_t2c4w8u7
                8: "mma8_t2c4w8u7_noprefetch"}
 
 
+def _producer_inputs(m, k):
+    """The producers' inputs [m, k]: x, residual, the norm weight, and AttnRes's prefix, delta,
+    blocks and query weight for 2 and 8 blocks."""
+    bf = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
+    gamma = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
+    # prefix grows by delta at every call (a random walk: finite for far more replays than run).
+    attn_res = {nb: (bf(m, k), bf(m, k) * 1e-3, bf(m, nb, k), bf(k) * 0.05) for nb in (2, 8)}
+    return bf(m, k), bf(m, k), gamma, attn_res
+
+
 def producers(m, k):
     """name -> thunk returning the hidden states [m, k] (None: the consumer alone, on a
     fixed input)."""
-    bf = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
-    x, residual = bf(m, k), bf(m, k)
-    gamma = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
+    x, residual, gamma, attn_res = _producer_inputs(m, k)
     out = {
         "none": None,
         "rms_norm": lambda: kimi_router_ops.rms_norm(x, gamma, EPS),
         "fused_add_rms_norm": lambda: kimi_router_ops.fused_add_rms_norm(x, residual, gamma, EPS)[0],
     }
-    for nb in (2, 8):
-        # prefix grows by delta at every call (a random walk: finite for far more replays than run).
-        prefix, delta, blocks = bf(m, k), bf(m, k) * 1e-3, bf(m, nb, k)
-        qk = bf(k) * 0.05
+    for nb, (prefix, delta, blocks, qk) in attn_res.items():
         out[f"attn_res nb={nb}"] = (
             lambda prefix=prefix, delta=delta, blocks=blocks, qk=qk, nb=nb:
             kimi_router_ops.attn_res(prefix, delta, blocks, gamma, qk, gamma, nb, -1, EPS, EPS)
@@ -74,16 +79,13 @@ def fused_fronts(m, config):
     k, _, top_k, n_group, topk_group, scale, scoring = config
     routing = dict(top_k=top_k, n_group=n_group, topk_group=topk_group, routed_scaling_factor=scale,
                    scoring=scoring)
-    bf = lambda *s: torch.randn(*s, device="cuda").to(torch.bfloat16)  # noqa: E731
-    x, residual = bf(m, k), bf(m, k)
-    gamma = (torch.rand(k, device="cuda") + 0.5).to(torch.bfloat16)
+    x, residual, gamma, attn_res = _producer_inputs(m, k)
     out = {
         "rms_norm": lambda w, b: kimi_router_ops.rms_norm_router(x, gamma, EPS, w, b, **routing),
         "fused_add_rms_norm": lambda w, b: kimi_router_ops.fused_add_rms_norm_router(x, residual, gamma, EPS, w, b,
                                                                                      **routing),
     }
-    for nb in (2, 8):  # as producers() calls attn_res
-        prefix, delta, blocks, qk = bf(m, k), bf(m, k) * 1e-3, bf(m, nb, k), bf(k) * 0.05
+    for nb, (prefix, delta, blocks, qk) in attn_res.items():
         out[f"attn_res nb={nb}"] = (
             lambda w, b, prefix=prefix, delta=delta, blocks=blocks, qk=qk, nb=nb: kimi_router_ops.attn_res_router(
                 prefix, delta, blocks, gamma, qk, gamma, nb, -1, EPS, EPS, w, b, **routing))
