@@ -127,8 +127,10 @@ class BuildExt(cpp_extension.BuildExtension.with_options(use_ninja=True)):
 
 
 setup(
-    # The CuTe DSL kernel sources are build inputs (kimi_router_ops.aot), compiled into _C: not installed.
-    packages=find_packages(include=["kimi_router_ops", "kimi_router_ops.*"], exclude=["kimi_router_ops.kernels"]),
+    # The CuTe DSL kernel sources and the build layer that compiles them (kimi_router_ops.aot) are
+    # build inputs, compiled into _C: not installed.
+    packages=find_packages(include=["kimi_router_ops", "kimi_router_ops.*"],
+                           exclude=["kimi_router_ops.kernels", "kimi_router_ops.aot"]),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExt},
     # No Python C API in _C: the wheel is tagged for the stable ABI of CPython 3.10 on.
