@@ -79,6 +79,8 @@ std::string router_row_misfit(const RouterRow& row, const RouterProblem& p,
     why << "handles 1 <= M <= " << row.m_hi << ", got M = " << M;
   } else if (N > row.n_max) {
     why << "routes N <= " << row.n_max << " experts, got N = " << N;
+  } else if (row.k_only != 0 && K != row.k_only) {
+    why << "computes K = " << row.k_only << " only (compiled in), got K = " << K;
   } else if (r.width() > kRouterMaxTopK) {
     // The picked ids are spread over the lanes of a warp, and so are the group scores.
     why << "picks top_k <= " << kRouterMaxTopK

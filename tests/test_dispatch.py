@@ -304,7 +304,8 @@ def test_ptx_first_step_loads_all_issue_before_the_first_mma():
 @pytest.mark.parametrize("arch", [a for a, _ in tables.ARCHS])
 def test_ptx_fused_router_signals_the_next_kernel_where_its_row_says(arch):
     """launch_dependents once: at kernel entry (before any global load), after the weight
-    prefetch and before the PDL wait, or after the wait and the first step's loads."""
+    prefetch and before the PDL wait, after the wait and the first step's loads, or after the
+    GEMM's stores and before the routing's polls."""
     for k in compiled_kernels("Router", arch):
         r = k.row
         ptx = ptx_body(k.symbol, arch)
@@ -314,6 +315,8 @@ def test_ptx_fused_router_signals_the_next_kernel_where_its_row_says(arch):
         prefetched = gemm.kernel.prefetch_loads() if gemm.prefetch else 0
         if r.trigger == "after_x":
             assert "griddepcontrol.wait" in head, r.name
+        elif r.trigger == "at_exit":
+            assert "st.relaxed.gpu" in head and "ld.relaxed.gpu" not in head, r.name
         else:
             assert "griddepcontrol.wait" not in head, r.name
             loads = global_loads_before(ptx, "griddepcontrol.launch_dependents")

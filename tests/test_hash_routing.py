@@ -101,7 +101,7 @@ def test_every_fused_row(row):
     """Each fused row, forced, hash-routed at both ends of its M range, with both index dtypes."""
     n = max(row.n_min, 256 if row.n_max >= 256 else row.n_max)
     for m in sorted({row.m_lo, row.m_hi}):
-        x, w, bias = make_case(m, n, 4096, 6, 1, 1, device="cuda", seed=m)
+        x, w, bias = make_case(m, n, row.k_only or 4096, 6, 1, 1, device="cuda", seed=m)
         w = w.to(getattr(torch, row.weight_dtype))
         for dtype in INDEX_DTYPES:
             table = make_table(n, 6, dtype=dtype, device="cuda", seed=m)

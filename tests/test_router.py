@@ -270,7 +270,7 @@ def test_many_equal_experts_in_groups_go_to_the_lowest_ids(device, m):
     bias = torch.zeros(256, device=device)
     bias[200] = 1.0  # group 6 beats every other group, and expert 200 every other expert
     rows = [None] + [r for r in tables.router.ROUTER_VARIANTS
-                     if device == "cuda" and r.n_max == 256 and r.m_lo <= m <= r.m_hi]
+                     if device == "cuda" and r.n_max == 256 and r.m_lo <= m <= r.m_hi and r.k_only in (0, 64)]
     args = (x, w, bias, 8, 8, 4, True, 2.5)
     for row in rows:
         if row is None:
@@ -497,6 +497,7 @@ def test_every_router_variant(row):
 @given(problem=fused_router_problems(), row=st.sampled_from(tables.router.ROUTER_VARIANTS), renormalize=st.booleans())
 def test_property_cuda_forced_rows(problem, row, renormalize):
     problem["m"] = min(problem["m"], row.m_hi)
+    problem["k"] = row.k_only or problem["k"]  # K compiled in: that K (other K: the misfit test)
     if problem["n"] > row.n_max:
         return  # outside the row (the misfit error has its own test)
     x, w, bias = make_case(**problem, device="cuda")
@@ -518,6 +519,11 @@ def test_forced_router_variant_that_cannot_serve_is_an_error():
     fits = next(r for r in tables.router.ROUTER_VARIANTS if r.n_min <= 384 <= r.n_max and r.m_lo <= 4 <= r.m_hi)
     with pytest.raises(RuntimeError, match="picks top_k <= 32, got 33"):
         kimi_router_ops.router_with_variant(x, w, bias, 33, 1, 1, True, 1.0, fits.name)
+    k_only = next(r for r in tables.router.ROUTER_VARIANTS if r.k_only)  # K compiled in: others refused
+    x, w, bias = make_case(1, k_only.n_max, k_only.k_only + 8, 8, 1, 1, device="cuda")
+    with pytest.raises(RuntimeError, match=f"variant {k_only.name} computes K = {k_only.k_only} only "
+                                           f"\\(compiled in\\), got K = {k_only.k_only + 8}"):
+        kimi_router_ops.router_with_variant(x, w, bias, 8, 1, 1, True, 1.0, k_only.name)
     check_router(kimi_router_ops.ll_bf16_router(x, w, bias, 8), x, w, bias, 8, 1, 1, True, 1.0)
 
 

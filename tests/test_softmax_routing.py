@@ -167,6 +167,7 @@ def test_router_property_cuda_fused(problem, renormalize, factor):
 @settings(max_examples=60, deadline=None)
 @given(problem=fused_router_problems(), row=st.sampled_from(tables.router.ROUTER_VARIANTS), renormalize=st.booleans())
 def test_router_property_cuda_every_row(problem, row, renormalize):
+    problem["k"] = row.k_only or problem["k"]  # K compiled in: that K
     x, w, bias = make_case(**problem, device="cuda")
     w = w.to(getattr(torch, row.weight_dtype))
     args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, 1.0)

@@ -84,6 +84,7 @@ def main():
             continue
         for m in sorted({r.m_lo, r.m_hi}):
             for n, k, top_k, n_group, topk_group in ROUTER_CASES:
+                k = r.k_only or k  # K compiled in: that K
                 if n > r.n_max:
                     continue
                 x = torch.randn(m, k).to(torch.bfloat16)

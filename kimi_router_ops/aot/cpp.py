@@ -60,6 +60,7 @@ _ROUTER_ROW = (
     ("int", "n_min", "", lambda r: str(r.n_min)),
     ("int", "n_max", "also the most experts its routing handles (compiled in)", lambda r: str(r.n_max)),
     ("c10::ScalarType", "weight_dtype", "of its GEMM row", lambda r: SCALAR_TYPES[r.weight_dtype]),
+    ("int64_t", "k_only", "the one K its GEMM row computes (K compiled in); 0: any K", lambda r: str(r.k_only)),
 )
 
 

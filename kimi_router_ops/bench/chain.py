@@ -11,7 +11,7 @@ weight copy (cold weights and biases):
 Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_res` with 2 and
 8 blocks (3 and 9 sources, a delta, the output norm: Kimi-K3's pre-MoE call). Consumers:
 `ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists), GEMM
-kernels named with --gemms, vLLM 0.33's `ll_bf16` where its peer is built (as shipped, and
+kernels named with --gemms, fused router rows named with --routers, vLLM 0.33's `ll_bf16` where its peer is built (as shipped, and
 at M = 1 its default kernel without the prefetch),
 `ll_bf16_router`, `ll_bf16_gemm` then `moe_routing`, the producer and router in one op
 (`rms_norm_router`, `fused_add_rms_norm_router`, `attn_res_router`: "producer + router in one
@@ -92,7 +92,7 @@ def fused_fronts(m, config):
     return out
 
 
-def consumers(m, config, peers, gemms=()):
+def consumers(m, config, peers, gemms=(), routers=()):
     """name -> fn(hidden, weight, bias) for the router configuration; `peers` holds vLLM's
     gate GEMM and DeepSeek-V4 routing (None where not built)."""
     _, _, top_k, n_group, topk_group, scale, scoring = config
@@ -110,6 +110,11 @@ def consumers(m, config, peers, gemms=()):
         if m == 1:  # its default kernel, without the weight prefetch
             out["vLLM ll_bf16, no prefetch"] = lambda h, w, b: torch.ops.vllm_ll.gemm(h, w, 0)
     out["ll_bf16_router"] = lambda h, w, b: kimi_router_ops.ll_bf16_router(h, w, b, **routing)
+    for row in routers:  # named fused router rows, where they serve M, N and K
+        row = next(r for r in tables.router.ROUTER_VARIANTS if r.name == row)
+        if row.m_lo <= m <= row.m_hi and row.n_min <= n <= row.n_max and row.k_only in (0, k):
+            out[f"forced {row.name}"] = lambda h, w, b, name=row.name: kimi_router_ops.router_with_variant(
+                h, w, b, top_k, n_group, topk_group, True, scale, name, scoring)
     out["gemm + moe_routing"] = lambda h, w, b: kimi_router_ops.moe_routing(
         kimi_router_ops.ll_bf16_gemm(h, w), b, **routing)
     # An engine's call: its own buffers (int64 ids), the expert counts of its dispatch.
@@ -142,7 +147,7 @@ def batch_invariant(op, *args, **kwargs):
         kimi_router_ops.set_batch_invariant(previous)
 
 
-def run(shapes, m_list, replays, producer_names=None, gemms=()):
+def run(shapes, m_list, replays, producer_names=None, gemms=(), routers=()):
     layer_us, after_layer_us = after_layer_timer(replays)
     v4 = any(CONFIGS[s][-1] == "sqrtsoftplus" for s in shapes)
     peers = {"gate": vllm_gate(), "dsv4_topk": vllm_dsv4_topk() if v4 else None}
@@ -157,7 +162,7 @@ def run(shapes, m_list, replays, producer_names=None, gemms=()):
                 if producer_names and producer_name not in producer_names:
                     continue
                 hidden = produce() if produce else torch.randn(m, k, device="cuda").to(torch.bfloat16)
-                for consumer_name, consume in consumers(m, CONFIGS[shape], peers, gemms).items():
+                for consumer_name, consume in consumers(m, CONFIGS[shape], peers, gemms, routers).items():
                     calls = [lambda w=w, b=b, c=consume, p=produce: c(p() if p else hidden, w, b)
                              for w, b in zip(weights, biases)]
                     results.append({
@@ -197,8 +202,11 @@ def main():
     parser.add_argument("--producers", nargs="+", help="only these producers (none, rms_norm, ...)")
     parser.add_argument("--gemms", nargs="+", default=[], metavar="NAME", choices=[v.name for v in tables.gemm.ALL_VARIANTS],
                         help="also these GEMM kernels by name (tables/gemm.py), each where it computes M")
+    parser.add_argument("--routers", nargs="+", default=[], metavar="NAME",
+                        choices=[r.name for r in tables.router.ROUTER_VARIANTS],
+                        help="also these fused router rows by name (tables/router.py), where they serve")
     args = parse_bench_args(parser)
-    results, layer_us = run(args.shapes, args.m, args.replays, args.producers, args.gemms)
+    results, layer_us = run(args.shapes, args.m, args.replays, args.producers, args.gemms, args.routers)
     report = report_header(layer_us=round(layer_us, 3), results=results)
     save_report(args.out, "chain", report, markdown(report))
 

@@ -40,6 +40,11 @@ class RouterRow:
     def weight_dtype(self) -> str:
         return variant(self.gemm).kernel.weight_dtype
 
+    @property
+    def k_only(self) -> int:
+        """The one K its GEMM row computes (K compiled in); 0: any K."""
+        return getattr(variant(self.gemm).kernel, "k", 0)
+
 
 N128, N256, N384, N896, N1024 = ROUTER_N_RANGES
 
@@ -88,6 +93,9 @@ ROUTER_GEMMS = (
     FusedGemm("f32w_m1_r2_u4_t256", 1, 1, (N384,), False, "before_wait", True),
     FusedGemm("f32w_m4_r2_u4_t256", 2, 4, (N384,), False, "before_wait", True),
     FusedGemm("f32w_m8_r2_u2_t256", 5, 16, (N384,), False, "before_wait", True),
+    # Candidates at M = 1, K = 7168: the GEMM op's one-expert-a-CTA kernels, fused.
+    FusedGemm("m1_prefetch_r1_t128_k7168", 1, 1, (N256, N384, N896), False, "after_x", True),
+    FusedGemm("m1_prefetch_r1_t256_k7168_at_exit", 1, 1, (N256, N384), False, "at_exit", True),
 )
 
 
