@@ -143,6 +143,10 @@ def test_the_chosen_m1_kernel_sums_as_its_run_time_k_twins(model, out_dtype):
 @pytest.mark.parametrize("model", list(MODEL_SHAPES))
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES)
 def test_prefetch_is_bitwise_equal_to_no_prefetch(model, out_dtype):
+    """Each lab twin (no prefetch, no PDL, another trigger point) sums as its product row."""
+    missing = [name for name in ("m1_r4_t256", "mma8_t2c4w8u7_noprefetch") if not gemm_row_linked(name)]
+    if missing:
+        pytest.skip(f"the lab twins {missing}: _C was built without KIMI_ROUTER_OPS_LAB=1")
     n, k = MODEL_SHAPES[model]
     x, w = random_bf16(1, k, device="cuda"), random_bf16(n, k, device="cuda")
     prefetch = kimi_router_ops.router_gemm_with_variant(x, w, "m1_prefetch_r4_t256", out_dtype)

@@ -13,7 +13,7 @@ from kimi_router_ops import tables
 from kimi_router_ops.testing import NEAR, near_tie
 from conftest import HAS_CUDA, requires_kernel_gpu
 from test_moe_routing import check, check_padding_rows, make_logits, padding_rows, routing_problems
-from test_router import check_router, fused_router_problems, make_case, router_problems
+from test_router import check_router, fused_router_problems, make_case, router_problems, two_launches
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 SOFTMAX = "softmax"
@@ -155,7 +155,8 @@ def test_router_property_cpu(problem, renormalize, factor):
 def test_router_property_cuda_fused(problem, renormalize, factor):
     x, w, bias = make_case(**problem, device="cuda")
     args = (problem["top_k"], problem["n_group"], problem["topk_group"], renormalize, factor)
-    assert kimi_router_ops.chosen_router_variant(x.shape[0], w.shape[0], x.shape[1], *args[:3]).startswith("router_")
+    chosen = kimi_router_ops.chosen_router_variant(x.shape[0], w.shape[0], x.shape[1], *args[:3])
+    assert chosen.startswith("router_") != two_launches(x.shape[0], w.shape[0]), chosen
     out = kimi_router_ops.ll_bf16_router(x, w, bias, *args, SOFTMAX)
     check_router(out, x, w, bias, *args, SOFTMAX)
     # The routing op on the fused router's logits: its ids and weights, bit for bit.
