@@ -64,11 +64,16 @@ class FusedGemm(NamedTuple):
 
 # Each entry fuses the GEMM kernel the GEMM op picks for the same M and N, or one that sums
 # the same way (one 16-expert tile a CTA instead of two: bit for bit the same logits), except
-# at M = 1 above 384 experts and M = 2 from 129 to 256, where another kernel made the whole
+# at M = 1 above 128 experts and M = 2 from 129 to 256, where another kernel made the whole
 # router faster (docs/api.md says which). The flags are each row's measured best;
 # docs/kernel-notes.md says what each buys. Columns: GEMM row, M range, N ranges, exclusive,
 # trigger, bias prefetch, routing at the publisher.
 ROUTER_GEMMS = (
+    # M = 1 at K = 7168 (DeepSeek-V3, Kimi-K2), 129..384 experts: the 128-thread kernel of one
+    # expert a CTA, K compiled in (other K: the r4 rows below). After the layer 0.3-0.7 us
+    # faster than r4 behind every producer (H100 at 9121f2d, docs/benchmarks.md), and faster
+    # than the GEMM op's own 256-thread kernel behind AttnRes and rms_norm back to back.
+    FusedGemm("m1_prefetch_r1_t128_k7168", 1, 1, (N256, N384), False, "after_x", True),
     FusedGemm("m1_prefetch_r4_t256", 1, 1, (N128, N256), True, "before_wait", True),
     FusedGemm("m1_prefetch_r4_t256", 1, 1, (N384,), True, "after_x", True),
     FusedGemm("m2_prefetch_r4_t256", 2, 2, (N256,), True, "before_wait", True),
@@ -93,9 +98,6 @@ ROUTER_GEMMS = (
     FusedGemm("f32w_m1_r2_u4_t256", 1, 1, (N384,), False, "before_wait", True),
     FusedGemm("f32w_m4_r2_u4_t256", 2, 4, (N384,), False, "before_wait", True),
     FusedGemm("f32w_m8_r2_u2_t256", 5, 16, (N384,), False, "before_wait", True),
-    # Candidates at M = 1, K = 7168: the GEMM op's one-expert-a-CTA kernels, fused.
-    FusedGemm("m1_prefetch_r1_t128_k7168", 1, 1, (N256, N384, N896), False, "after_x", True),
-    FusedGemm("m1_prefetch_r1_t256_k7168_at_exit", 1, 1, (N256, N384), False, "at_exit", True),
 )
 
 
