@@ -23,6 +23,8 @@ class Dotprod:
     # K compiled in (bf16, 16-byte loads; the kernel computes that K only: a choice of it must
     # bound K to it); 0: K is a run-time value.
     k: int = 0
+    # The CTAs an SM must hold (a launch bound: ptxas fits its registers to it); 0: no bound.
+    ctas_per_sm: int = 0
 
     @property
     def vecs(self) -> tuple:
@@ -92,8 +94,8 @@ def _mma(name, tokens, tiles, cluster_k, warps, unroll, pass_tokens=0, **launch)
     return GemmRow(name, Mma(tiles, cluster_k, warps, unroll, tokens, pass_tokens), **launch)
 
 
-def _dotprod(name, tokens, rows, unroll, threads=128, k=0, **launch):
-    return GemmRow(name, Dotprod(tokens, rows, unroll, threads, k=k), **launch)
+def _dotprod(name, tokens, rows, unroll, threads=128, k=0, ctas_per_sm=0, **launch):
+    return GemmRow(name, Dotprod(tokens, rows, unroll, threads, k=k, ctas_per_sm=ctas_per_sm), **launch)
 
 
 def _f32w(name, tokens, rows, unroll, threads, tiles=False):
@@ -158,6 +160,12 @@ LAB_VARIANTS = (
     _dotprod("m1_prefetch_r1_t128", 1, rows=1, unroll=7),
     _mma("mma8_t2c4w8u7_noprefetch", 8, tiles=2, cluster_k=4, warps=8, unroll=7, prefetch=False),
     _mma("mma8_t2c4w8u7_before_wait", 8, tiles=2, cluster_k=4, warps=8, unroll=7, trigger="before_wait"),
+    # Candidates for M = 2..16 at K = 7168: the one-expert-a-CTA dot product with K compiled in
+    # (vLLM's ll_bf16 runs a dot product of one expert a CTA up to M = 4), against the tensor cores.
+    *(_dotprod(f"m{m}_prefetch_r1_t128_k7168", m, rows=1, unroll=7, k=7168) for m in (2, 4, 8, 16)),
+    *(_dotprod(f"m{m}_prefetch_r1_t256_k7168", m, rows=1, unroll=4, threads=256, k=7168) for m in (2, 4)),
+    # The same held to 7 CTAs an SM (at most 73 registers): Kimi-K3's 896 experts in one wave.
+    *(_dotprod(f"m{m}_prefetch_r1_t128_c7_k7168", m, rows=1, unroll=7, k=7168, ctas_per_sm=7) for m in (2, 4, 8)),
 )
 
 # Every GEMM row (the C++ table's rows, in this order; the lab rows' kernels where built).
