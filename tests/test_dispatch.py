@@ -77,7 +77,12 @@ def test_choices_name_compiled_rows_and_cover_every_m_up_to_16():
         (1, 384, 7168, 90, True, "m1_prefetch_r1_t256_k7168_at_exit:vec8"),
         (1, 1024, 7168, 90, True, "m1_prefetch_r4_t256:vec8"),  # more than one wave of r1
         (1, 896, 4096, 90, True, "m1_prefetch_r4_t256:vec8"),  # K at run time
-        (2, 896, 7168, 90, True, "mma8_t2c4w8u7:vec8"),
+        (2, 896, 7168, 90, True, "mma8_t2c4w8u7:vec8"),  # Kimi-K3: the tensor cores
+        (2, 384, 7168, 90, True, "m2_prefetch_r1_t128_k7168:vec8"),  # 129..384: K compiled in
+        (2, 129, 7168, 100, True, "m2_prefetch_r1_t128_k7168:vec8"),
+        (2, 128, 7168, 90, True, "mma8_t1c4w8u7:vec8"),
+        (2, 256, 4096, 90, True, "mma8_t2c4w8u7:vec8"),  # K at run time
+        (2, 256, 7168, 90, False, "m2:vec1"),
         (8, 256, 7168, 100, True, "mma8_t2c4w8u7:vec8"),
         (9, 896, 7168, 90, True, "mma16_t2c4w8u7_before_wait:vec8"),
         (16, 384, 7168, 90, True, "mma16_t2c4w8u7:vec8"),

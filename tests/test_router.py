@@ -87,7 +87,7 @@ def faster_other_kernel(m, n, k=7168):
         return "m1_prefetch_r1_t128_k7168"  # the 128-thread kernel of one expert a CTA
     if m == 1 and n > 384:
         return "mma8_t2c4w8u7"  # the tensor-core kernel of M = 2..8
-    if m == 2 and 128 < n <= 256:
+    if m == 2 and 128 < n <= 256 and k != 7168:
         return "m2_prefetch_r4_t256"  # the M = 1 dot product's shape with two tokens
     if 9 <= m <= 16 and n > 896:
         return "mma16_t2c4w8u7"  # the GEMM op runs cuBLAS there (docs/api.md)
@@ -100,7 +100,7 @@ def test_fused_rows_run_the_gemm_ops_kernel():
     16-expert tensor-core tiles or dot-product experts a CTA holds, may differ), so the router's logits are the GEMM
     op's, bit for bit (test_router_logits_are_the_gemm_ops checks it on the GPU); the
     exceptions run another kernel: M = 1 with more than 384 experts (the tensor-core kernel
-    of M = 2..8) and with 129..384 at K = 7168 (the 128-thread one-expert-a-CTA kernel) and M = 2 from 129 to 256 (the M = 1 dot product's shape with two tokens) route
+    of M = 2..8) and with 129..384 at K = 7168 (the 128-thread one-expert-a-CTA kernel) and M = 2 from 129 to 256 at other K (the M = 1 dot product's shape with two tokens) route
     faster on it, and at M = 9..16 above 896 experts the GEMM op runs cuBLAS."""
     def arithmetic(name):
         v = tables.gemm.variant(name)

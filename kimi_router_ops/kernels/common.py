@@ -98,12 +98,8 @@ class GemmKernel:
         stream: cuda.CUstream,
     ):
         xv, wv = self.vector_views(x, w)
-        # A launch bound where the kernel has one; naming the carveout (the driver's default)
-        # keeps the build from querying a GPU for it.
-        bound = getattr(self, "min_ctas_per_sm", 0)
         self.kernel(xv, wv, gate_bias, out, has_gate_bias).launch(
-            **self.launch_shape(w.shape[0], x.shape[0]), stream=stream, use_pdl=self.pdl,
-            **(dict(min_blocks_per_mp=bound, preferred_smem_carveout=-1) if bound else {}))
+            **self.launch_shape(w.shape[0], x.shape[0]), stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, xv: cute.Tensor, wv: cute.Tensor, gate_bias: cute.Tensor, out: cute.Tensor,

@@ -50,7 +50,6 @@ class GemmDotprod(GemmKernel):
         x_dtype=BFloat16,
         token_tiles: bool = False,
         k: int = 0,  # compile-time K (the dispatch runs the kernel for that K only); 0: any K
-        ctas_per_sm: int = 0,  # a launch bound: the CTAs an SM must hold; 0: none
     ):
         if vec not in (1, 8 if weight_dtype is BFloat16 else 4):
             raise ValueError(f"vec must be 1 or one 16-byte vector of weights, got {vec}")
@@ -64,10 +63,8 @@ class GemmDotprod(GemmKernel):
         self.k = k
         self.rows_per_cta, self.unroll, self.threads = rows_per_cta, unroll, threads
         self.num_warps = threads // cute.arch.WARP_SIZE
-        # The launch bound the GEMM launch passes (0: none), and the fused router's: CTAs an SM
-        # holds at 128 registers a thread where none is given.
-        self.min_ctas_per_sm = ctas_per_sm
-        self.ctas_per_sm = ctas_per_sm or max(1, 65536 // (128 * threads))
+        # CTAs an SM holds: ptxas gives every variant at most 128 registers a thread.
+        self.ctas_per_sm = max(1, 65536 // (128 * threads))
 
     def vector_views(self, x, w):
         # Vector views [rows, (vec, K / vec)]: K % vec == 0 is this variant's contract.

@@ -64,7 +64,7 @@ class FusedGemm(NamedTuple):
 
 # Each entry fuses the GEMM kernel the GEMM op picks for the same M and N, or one that sums
 # the same way (one 16-expert tile a CTA instead of two: bit for bit the same logits), except
-# at M = 1 above 128 experts and M = 2 from 129 to 256, where another kernel made the whole
+# at M = 1 above 128 experts and M = 2 from 129 to 256 at K != 7168, where another kernel made the whole
 # router faster (docs/api.md says which). The flags are each row's measured best;
 # docs/kernel-notes.md says what each buys. Columns: GEMM row, M range, N ranges, exclusive,
 # trigger, bias prefetch, routing at the publisher.
@@ -76,6 +76,8 @@ ROUTER_GEMMS = (
     FusedGemm("m1_prefetch_r1_t128_k7168", 1, 1, (N256, N384), False, "after_x", True),
     FusedGemm("m1_prefetch_r4_t256", 1, 1, (N128, N256), True, "before_wait", True),
     FusedGemm("m1_prefetch_r4_t256", 1, 1, (N384,), True, "after_x", True),
+    # M = 2 likewise: the GEMM op's kernel there (other K: the r4 row below).
+    FusedGemm("m2_prefetch_r1_t128_k7168", 2, 2, (N256, N384), False, "after_x", True),
     FusedGemm("m2_prefetch_r4_t256", 2, 2, (N256,), True, "before_wait", True),
     FusedGemm("mma8_t2c4w8u7", 1, 8, (N896, N1024), False, "before_wait", False),
     FusedGemm("mma8_t2c4w8u7", 2, 8, (N128,), False, "after_x", True),
