@@ -1,7 +1,7 @@
 """One call of each named kernel variant, for Nsight Compute.
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \\
-        python3 tools/profile.py kimi-k3:8:mma8_t2c4w8u7 deepseek-v3:1:m1_prefetch_r4_t256
+        python3 tools/profile_kernels.py kimi-k3:8:mma8_t2c4w8u7 deepseek-v3:1:m1_prefetch_r4_t256
 
 Each case is shape:M:variant (a row of tables.gemm.ALL_VARIANTS, cublas, or vllm0 / vllm1:
 vLLM's ll_bf16 peer without / with its weight prefetch, where built, kimi_router_ops.bench.peers). Every case runs once
