@@ -116,7 +116,8 @@ VARIANTS = (
     _dotprod("m1_prefetch_r1_t128_k7168", 1, rows=1, unroll=7, k=7168),
     # M = 2 likewise, 129..384 experts (126 registers, 4 CTAs an SM): after the layer 0.6-1.3 us
     # faster than the tensor cores behind every producer (H100, docs/benchmarks.md). Kimi-K3's
-    # 896 stay on the tensor cores: there the dot product is 0.3 slower behind AttnRes.
+    # 896 stay on the tensor cores: there the dot product is 0.3 slower behind AttnRes. Back to
+    # back its fused router is 0.3-1.0 slower behind a producer (the SMs stay full).
     _dotprod("m2_prefetch_r1_t128_k7168", 2, rows=1, unroll=7, k=7168),
     _mma("mma8_t2c4w8u7", 8, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 2..8: 7 chunks a warp at K = 7168
     _mma("mma16_t2c4w8u7", 16, tiles=2, cluster_k=4, warps=8, unroll=7),  # M = 9..16

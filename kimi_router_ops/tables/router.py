@@ -64,8 +64,8 @@ class FusedGemm(NamedTuple):
 
 # Each entry fuses the GEMM kernel the GEMM op picks for the same M and N, or one that sums
 # the same way (one 16-expert tile a CTA instead of two: bit for bit the same logits), except
-# at M = 1 above 128 experts and M = 2 from 129 to 256 at K != 7168, where another kernel made the whole
-# router faster (docs/api.md says which). The flags are each row's measured best;
+# at M = 1 above 128 experts and M = 2 from 129 to 256 at K != 7168, where another kernel
+# made the whole router faster (docs/api.md says which). The flags are each row's measured best;
 # docs/kernel-notes.md says what each buys. Columns: GEMM row, M range, N ranges, exclusive,
 # trigger, bias prefetch, routing at the publisher.
 ROUTER_GEMMS = (
