@@ -10,7 +10,8 @@ weight copy (cold weights and biases):
 - back to back: pair after pair, each launch overlapping the one before it.
 Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_res` with 2 and
 8 blocks (3 and 9 sources, a delta, the output norm: Kimi-K3's pre-MoE call). Consumers:
-`ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists), GEMM
+`ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists), cuBLAS
+above M = 16, GEMM
 kernels named with --gemms, fused router rows named with --routers, vLLM 0.33's `ll_bf16` where its peer is built (as shipped, and
 at M = 1 its default kernel without the prefetch),
 `ll_bf16_router`, `ll_bf16_gemm` then `moe_routing`, the producer and router in one op
@@ -105,6 +106,8 @@ def consumers(m, config, peers, gemms=(), routers=()):
     for name in gemms:  # named kernels (lab rows), where one CTA computes M tokens
         if m <= tables.gemm.variant(name).max_m:
             out[f"forced {name}"] = lambda h, w, b, name=name: kimi_router_ops.router_gemm_with_variant(h, w, name)
+    if m > 16:  # where the GEMM table's tensor-core rows stand against cuBLAS
+        out["cuBLAS (torch.mm, fp32 out)"] = lambda h, w, b: torch.mm(h, w.t(), out_dtype=torch.float32)
     if peers["gate"] is not None and vllm_serves(m, n, k):
         out["vLLM ll_bf16"] = lambda h, w, b: peers["gate"](h, w)
         if m == 1:  # its default kernel, without the weight prefetch
@@ -132,7 +135,7 @@ def consumers(m, config, peers, gemms=(), routers=()):
         topk = peers["dsv4_topk"]
         if topk is not None and top_k == 6 and n in (256, 384):  # what vLLM's dsv4_topk serves
             gate, name = peers["gate"], "vLLM: ll_bf16 + dsv4_topk"
-            if gate is None or k != 7168:  # vLLM's ll_bf16 has K = 7168 only
+            if gate is None or not vllm_serves(m, n, k):  # its GateLinear: cuBLAS above M = 16
                 gate, name = (lambda h, w: torch.mm(h, w.t(), out_dtype=torch.float32)), "vLLM: cuBLAS + dsv4_topk"
             out[name] = lambda h, w, b: topk(gate(h, w), b, scale)
     return out

@@ -5,6 +5,7 @@ or None with the reason printed: a benchmark skips a peer that is absent or does
 here."""
 
 import importlib.util
+import json
 import os
 import sys
 import types
@@ -21,13 +22,15 @@ def _skipped(what, why):
     return None
 
 
-# What the vLLM peer is built for: K = 7168, these N and M (../shared/peers/vllm_ll).
-VLLM_GATE_N = (896, 384, 256)
-VLLM_GATE_M = (1, 2, 3, 4, 8, 16)
-
-
 def vllm_serves(m, n, k):
-    return k == 7168 and n in VLLM_GATE_N and m in VLLM_GATE_M
+    """Whether the vLLM peer has a kernel for this (M, N, K): its build's manifest lists them
+    (../shared/peers/vllm_ll: K = 7168 with N 896 / 384 / 256, K = 4096 with N 256; M 1, 2,
+    3, 4, 8, 16). vLLM itself compiles every M <= 16 and then falls back to cuBLAS."""
+    manifest = PEERS_DIR / "vllm_ll_aot" / "manifest.json"
+    if not manifest.exists():
+        return False
+    cases = json.loads(manifest.read_text())["cases"]
+    return any((c["M"], c["N"], c["K"]) == (m, n, k) for c in cases)
 
 
 def vllm_gate():
