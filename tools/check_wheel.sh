@@ -70,7 +70,7 @@ print(f"torch {torch.__version__}: {len(kimi_router_ops.compiled_kernels())} CUD
 PY
   )
   # From the venv's directory, so that the installed package is the one imported.
-  (cd "$venv" && "$venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider --durations=5 \
+  (cd "$venv" && "$venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider \
      "${venv_tests[@]/#/$repo/tests/}" >"$log" 2>&1) \
     || { grep -E "^(FAILED|ERROR)" "$log" | head -30; grep -E "^E  " "$log" | head -30
          tail -1 "$log"; exit 1; }

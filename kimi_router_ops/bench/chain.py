@@ -11,8 +11,7 @@ weight copy (cold weights and biases):
 Producers: none (the consumer alone), `rms_norm`, `fused_add_rms_norm`, `attn_res` with 2 and
 8 blocks (3 and 9 sources, a delta, the output norm: Kimi-K3's pre-MoE call). Consumers:
 `ll_bf16_gemm`, the same without the weight prefetch (where a named kernel exists), cuBLAS
-above M = 16, GEMM
-kernels named with --gemms, fused router rows named with --routers, vLLM 0.33's `ll_bf16` where its peer is built (as shipped, and
+above M = 16, GEMM kernels named with --gemms, fused router rows named with --routers, vLLM 0.33's `ll_bf16` where its peer is built (as shipped, and
 at M = 1 its default kernel without the prefetch),
 `ll_bf16_router`, `ll_bf16_gemm` then `moe_routing`, the producer and router in one op
 (`rms_norm_router`, `fused_add_rms_norm_router`, `attn_res_router`: "producer + router in one
@@ -93,6 +92,11 @@ def fused_fronts(m, config):
     return out
 
 
+def cublas(hidden, weight):
+    """fp32 logits from cuBLAS, as vLLM's GateLinear computes them where no kernel of its own serves."""
+    return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+
+
 def consumers(m, config, peers, gemms=(), routers=()):
     """name -> fn(hidden, weight, bias) for the router configuration; `peers` holds vLLM's
     gate GEMM and DeepSeek-V4 routing (None where not built)."""
@@ -107,7 +111,7 @@ def consumers(m, config, peers, gemms=(), routers=()):
         if m <= tables.gemm.variant(name).max_m:
             out[f"forced {name}"] = lambda h, w, b, name=name: kimi_router_ops.router_gemm_with_variant(h, w, name)
     if m > 16:  # where the GEMM table's tensor-core rows stand against cuBLAS
-        out["cuBLAS (torch.mm, fp32 out)"] = lambda h, w, b: torch.mm(h, w.t(), out_dtype=torch.float32)
+        out["cuBLAS (torch.mm, fp32 out)"] = lambda h, w, b: cublas(h, w)
     if peers["gate"] is not None and vllm_serves(m, n, k):
         out["vLLM ll_bf16"] = lambda h, w, b: peers["gate"](h, w)
         if m == 1:  # its default kernel, without the weight prefetch
@@ -136,7 +140,7 @@ def consumers(m, config, peers, gemms=(), routers=()):
         if topk is not None and top_k == 6 and n in (256, 384):  # what vLLM's dsv4_topk serves
             gate, name = peers["gate"], "vLLM: ll_bf16 + dsv4_topk"
             if gate is None or not vllm_serves(m, n, k):  # its GateLinear: cuBLAS above M = 16
-                gate, name = (lambda h, w: torch.mm(h, w.t(), out_dtype=torch.float32)), "vLLM: cuBLAS + dsv4_topk"
+                gate, name = cublas, "vLLM: cuBLAS + dsv4_topk"
             out[name] = lambda h, w, b: topk(gate(h, w), b, scale)
     return out
 
