@@ -68,3 +68,43 @@ def test_router_markdown_has_the_extra_cost_and_speedup_columns():
                                 ("gemm + torch routing, eager", 40.0), ("gemm + torch routing, compiled", 12.0))]
     text = bench_router.markdown({"gpu": "GPU", "torch": "t", "commit": "abc", "date": "now", "results": results})
     assert text.splitlines()[-1] == "| kimi-k2 | 1 | 3.00 (4.00) | 2.25 (3.25) | 40.00 (41.00) | 12.00 (13.00) | +0.75 | 4.00x |"
+
+
+class _SameStream:
+    """torch.cuda's stream calls as no-ops: the front benchmark's arrangements run on the CPU."""
+
+    def wait_stream(self, other):
+        pass
+
+
+def test_front_arrangements_route_like_the_router(monkeypatch):
+    """Every arrangement bench.front times computes the router's routing of the same hidden
+    states (and vLLM's, with a stand-in gate): a row that passed the wrong weight or top_k
+    would time some other front."""
+    import contextlib
+
+    from kimi_router_ops.bench import front as bench_front
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _SameStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    mm = torch.mm  # its out_dtype form is CUDA-only: fp32 sums of the bf16 products here
+    monkeypatch.setattr(torch, "mm", lambda a, b, out_dtype: mm(a.to(out_dtype), b.to(out_dtype)))
+    torch.manual_seed(0)
+    n, k, latent = bench_front.N, 256, 64
+    h = torch.randn(3, k).to(torch.bfloat16)
+    w, p = (torch.randn(n, k) * k ** -0.5).to(torch.bfloat16), (torch.randn(latent, k) * 0.1).to(torch.bfloat16)
+    ws = (w, p, torch.cat([w, p]), torch.randn(n) * 0.1)
+    want_weights, want_ids, _ = kimi_router_ops.router(h, w, ws[3], bench_front.TOP_K)
+    projected = []
+    arrangements = bench_front.fronts(_SameStream(), lambda x, q: projected.append(q) or x @ q.t(), "projection",
+                                      gate=lambda x, weight: kimi_router_ops.router_gemm(x, weight))
+    assert set(arrangements) == {"attn_res", "vLLM attn_res"}
+    names = [name for group in arrangements.values() for name in group]
+    assert len(names) == 6
+    for group in arrangements.values():
+        for name, front in group.items():
+            out = front(h, ws)
+            weights, ids = (out[0][0], out[0][1]) if isinstance(out[0], tuple) else (out[0], out[1])
+            assert torch.equal(ids.sort(-1).values, want_ids.sort(-1).values), name
+            torch.testing.assert_close(weights.sort(-1).values, want_weights.sort(-1).values, msg=name)
+    assert all(q is p for q in projected) and len(projected) == 4  # the rows that run a projection
