@@ -181,6 +181,34 @@ def test_grouped_topk_where_the_group_rules_differ_keeps_vllms(op_calls):
     assert op_calls == []
 
 
+@pytest.mark.parametrize("n, top_k, n_group, topk_group, scale", [(896, 16, 1, 1, 2.5), (256, 8, 8, 4, 2.5),
+                                                                   (64, 6, 4, 4, 1.0)])
+def test_fused_grouped_topk_is_the_biased_sigmoid_routing(n, top_k, n_group, topk_group, scale, op_calls):
+    """vLLM's fused_grouped_topk (a CUDA kernel only: compared with the float64 formula):
+    Kimi-K3's MegaMoE front (896 experts, top-16, one group), DeepSeek-V3's groups."""
+    g = torch.Generator().manual_seed(n)
+    logits, bias = torch.randn(9, n, generator=g) * 2, torch.randn(n, generator=g) * 0.1
+    weights, ids = grouped_topk_router.fused_grouped_topk(logits, logits, top_k, True, bias, n_group, topk_group,
+                                                          "sigmoid", scale)
+    assert op_calls == ["moe_routing"] and (weights.dtype, ids.dtype) == (torch.float32, torch.int32)
+    check_routing(weights, ids, logits, bias, top_k, topk_group,
+                  reference_routing(logits, bias, top_k, n_group, topk_group, True, scale))
+
+
+def test_fused_grouped_topk_where_the_group_rules_differ_keeps_vllms(monkeypatch, op_calls):
+    """Softmax with a bias and groups dropped: vLLM's kernel scores a group by its two best,
+    our softmax by its best."""
+    monkeypatch.setitem(kimi_vllm._originals, "fused_grouped_topk", lambda *args: "vllm")
+    logits = torch.randn(5, 64)
+    assert grouped_topk_router.fused_grouped_topk(logits, logits, 4, True, torch.zeros(64), 8, 2, "softmax") == "vllm"
+    assert op_calls == []
+
+
+def test_k3_megamoe_front_routes_on_ours(k3_model):
+    """The name Kimi-K3's model imported (its MegaMoE router beside the down-projection) is ours."""
+    assert k3_model.fused_grouped_topk is kimi_vllm.fused_grouped_topk
+
+
 @pytest.mark.parametrize("n, top_k, scale", [(384, 8, 2.827), (896, 16, 1.0), (160, 8, 2.5)])
 def test_fused_topk_bias_is_the_biased_sigmoid_routing(n, top_k, scale, op_calls):
     """Kimi-K2, Kimi-K3 and GLM-4.5 shapes: FusedTopKBiasRouter's function."""
@@ -264,6 +292,7 @@ def test_switches_turn_each_hook_off(monkeypatch):
             assert (op_registry_oot.get("GateLinear") is not None) == gate_replaced, switch
             assert (grouped_topk_router.grouped_topk is kimi_vllm.grouped_topk) == routing_replaced, switch
             assert (fused_topk_bias_router.fused_topk_bias is kimi_vllm.fused_topk_bias) == routing_replaced, switch
+            assert (grouped_topk_router.fused_grouped_topk is kimi_vllm.fused_grouped_topk) == routing_replaced
             assert type(gate()).__name__ == ("KimiGateLinear" if gate_replaced else "GateLinear")
             assert attn_res_hooked() == (switch not in (kimi_vllm.ENV_ATTN_RES, kimi_vllm.ENV_ALL)), switch
     finally:
@@ -273,7 +302,7 @@ def test_switches_turn_each_hook_off(monkeypatch):
 
 def test_register_twice_replaces_once():
     first = kimi_vllm.register()
-    assert kimi_vllm.register() == first and len(first) == 4
+    assert kimi_vllm.register() == first and len(first) == 5
     assert kimi_vllm._originals["grouped_topk"] is not kimi_vllm.grouped_topk
 
 

@@ -15,7 +15,9 @@ anything else runs vLLM's own code):
 - The routing: vLLM's `grouped_topk` (DeepSeek-V3 and V2 families, GroupedTopKRouter)
   becomes `moe_routing` where the scoring is sigmoid or softmax and vLLM's group score is
   ours: the sum of the two best with a bias (our sigmoid), the best without one (our
-  softmax), or no group dropped; `fused_topk_bias` (routers with a bias and no groups:
+  softmax), or no group dropped; so does `fused_grouped_topk` (its CUDA kernel, which
+  Kimi-K3's MegaMoE front calls beside the down-projection; the plugin rebinds the name
+  the K3 model imported too); `fused_topk_bias` (routers with a bias and no groups:
   sigmoid for Kimi-K2/K3, GLM-4.5, ...; DeepSeek-V4's sqrtsoftplus, its hash-routed
   layers; FusedTopKBiasRouter) likewise. vLLM has no registry for these
   functions, so the plugin rebinds the module attributes its routers call; a vLLM without
@@ -53,8 +55,13 @@ ENV_ATTN_RES = "KIMI_ROUTER_OPS_VLLM_ATTN_RES"
 GATE_LAYER = "GateLinear"  # the key vLLM's PluggableLayer looks an out-of-tree class up by
 ROUTING_MODULES = {
     "grouped_topk": "vllm.model_executor.layers.fused_moe.router.grouped_topk_router",
+    "fused_grouped_topk": "vllm.model_executor.layers.fused_moe.router.grouped_topk_router",
     "fused_topk_bias": "vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router",
 }
+# Modules that import a routing function by name (rebound too when loaded before register()):
+# Kimi-K3's MegaMoE front routes its gate's logits with fused_grouped_topk beside the
+# down-projection.
+ROUTING_IMPORTERS = {"fused_grouped_topk": ("vllm.models.kimi_k3.nvidia.model",)}
 # Kimi-K3's AttnRes: the function's module, and the model module that imported its name.
 ATTN_RES_MODULES = ("vllm.models.kimi_k3.nvidia.ops", "vllm.models.kimi_k3.nvidia.model")
 logger = logging.getLogger("vllm.kimi_router_ops")  # a child of vLLM's logger: vLLM's format
@@ -91,6 +98,9 @@ def register() -> list[str]:
             if name not in _originals:
                 _originals[name] = current
                 setattr(module, name, _ROUTING[name])
+                for importer in map(sys.modules.get, ROUTING_IMPORTERS.get(name, ())):
+                    if getattr(importer, name, None) is current:
+                        setattr(importer, name, _ROUTING[name])
             if name == "fused_topk_bias":
                 global _padding_mask
                 _padding_mask = module._get_padding_mask
@@ -116,6 +126,9 @@ def unregister() -> None:
     _originals.pop("attn_res", None)
     for name, original in list(_originals.items()):
         setattr(importlib.import_module(ROUTING_MODULES[name]), name, original)
+        for importer in map(sys.modules.get, ROUTING_IMPORTERS.get(name, ())):
+            if getattr(importer, name, None) is _ROUTING[name]:
+                setattr(importer, name, original)
         del _originals[name]
 
 
@@ -207,6 +220,18 @@ def grouped_topk(hidden_states, gating_output, topk, renormalize, num_expert_gro
                                       topk_group, scoring_func, routed_scaling_factor, e_score_correction_bias)
 
 
+def fused_grouped_topk(hidden_states, gating_output, topk, renormalize, e_score_correction_bias,
+                       num_expert_group=0, topk_group=0, scoring_func="softmax", routed_scaling_factor=1.0):
+    """vLLM's fused_grouped_topk (its signature: its CUDA grouped_topk kernel, which
+    grouped_topk calls on CUDA and Kimi-K3's MegaMoE front calls directly) on moe_routing."""
+    n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
+    if routes(gating_output, e_score_correction_bias, scoring_func, topk, n_group, kept):
+        return ops.moe_routing(gating_output, e_score_correction_bias, topk, n_group, kept, renormalize,
+                               routed_scaling_factor, scoring_func)
+    return _originals["fused_grouped_topk"](hidden_states, gating_output, topk, renormalize, e_score_correction_bias,
+                                            num_expert_group, topk_group, scoring_func, routed_scaling_factor)
+
+
 def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correction_bias, topk, renormalize,
                     indices_type=None, input_tokens=None, hash_indices_table=None, routed_scaling_factor=1.0,
                     bias_vl=None, image_sentinel_lo=0):
@@ -236,7 +261,8 @@ def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correcti
         routed_scaling_factor=routed_scaling_factor, bias_vl=bias_vl, image_sentinel_lo=image_sentinel_lo)
 
 
-_ROUTING = {"grouped_topk": grouped_topk, "fused_topk_bias": fused_topk_bias}
+_ROUTING = {"grouped_topk": grouped_topk, "fused_grouped_topk": fused_grouped_topk,
+            "fused_topk_bias": fused_topk_bias}
 
 
 def _attn_res_served(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks) -> bool:
