@@ -306,61 +306,52 @@ def test_register_twice_replaces_once():
     assert kimi_vllm._originals["grouped_topk"] is not kimi_vllm.grouped_topk
 
 
-def test_plugin_loads_through_vllms_loader():
-    """vLLM's loader finds the entry point of the installed package and registers it; with
-    KIMI_ROUTER_OPS_VLLM=0 it replaces nothing. (Two fresh processes, run side by side.)"""
-    code = (
-        "import logging\n"
-        "logging.basicConfig(level=logging.INFO)  # a vLLM engine configures its logger before this\n"
-        "from vllm.plugins import load_general_plugins\n"
-        "load_general_plugins()\n"
-        "from vllm.model_executor.custom_op import op_registry_oot\n"
-        "from vllm.model_executor.layers.fused_moe.router import grouped_topk_router as g\n"
-        "layer = op_registry_oot.get('GateLinear')\n"
-        "print('gate', getattr(layer, '__name__', None), 'routing', g.grouped_topk.__module__)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
-    runs = [subprocess.Popen([sys.executable, "-c", code], env={**env, **extra}, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-            for extra in ({}, {kimi_vllm.ENV_ALL: "0"})]
-    (on, _), (off, _) = (run.communicate(timeout=600) for run in runs)
-    assert runs[0].returncode == 0 and "gate KimiGateLinear routing kimi_router_ops.integrations.vllm" in on, on[-3000:]
-    assert "kimi_router_ops: replaced GateLinear" in on, on[-3000:]
-    assert runs[1].returncode == 0 and "gate None routing vllm." in off, off[-3000:]
-
-
-def test_importing_the_package_does_not_import_vllm():
-    code = ("import sys, kimi_router_ops, kimi_router_ops.integrations.vllm\n"
-            "assert 'vllm' not in sys.modules\nprint('ok')")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
-
-
 # Kimi-K3's AttnRes. Importing vLLM's K3 ops package imports the whole model (about 15 s on
 # two cores): the plugin rebinds it when that happens; these tests import it once.
 K3_OPS, K3_MODEL = kimi_vllm.ATTN_RES_MODULES
 
 
-def test_register_leaves_the_k3_model_unimported_until_used():
-    """In a fresh process: register() imports nothing of Kimi-K3; importing its model later
-    (as vLLM's registry does) binds our attn_res in the model and the ops package, and
-    unregister() puts vLLM's back."""
-    code = (
-        "import sys\n"
+
+
+def test_plugin_in_fresh_processes():
+    """Three fresh processes, run side by side (each imports vLLM: tens of seconds):
+    - vLLM's loader finds the entry point of the installed package and registers it, which
+      imports nothing of Kimi-K3; importing its model later (as vLLM's registry does) binds
+      our attn_res in the model and the ops package and our fused_grouped_topk in the model,
+      and unregister() puts vLLM's back;
+    - with KIMI_ROUTER_OPS_VLLM=0 the loader replaces nothing;
+    - importing the package (and the plugin module) imports no vLLM."""
+    on = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO)  # a vLLM engine configures its logger before this\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "from vllm.model_executor.custom_op import op_registry_oot\n"
+        "from vllm.model_executor.layers.fused_moe.router import grouped_topk_router as g\n"
         "from kimi_router_ops.integrations import vllm as kimi_vllm\n"
-        "print('replaced', kimi_vllm.register())\n"
+        "layer = op_registry_oot.get('GateLinear')\n"
+        "print('gate', getattr(layer, '__name__', None), 'routing', g.grouped_topk.__module__)\n"
         f"assert {K3_OPS!r} not in sys.modules and {K3_MODEL!r} not in sys.modules\n"
         "import vllm.models.kimi_k3  # what vLLM's model registry imports\n"
         f"ops, model = sys.modules[{K3_OPS!r}], sys.modules[{K3_MODEL!r}]\n"
         "assert ops.attn_res is kimi_vllm.attn_res and model.attn_res is kimi_vllm.attn_res\n"
+        "assert model.fused_grouped_topk is kimi_vllm.fused_grouped_topk\n"
         "kimi_vllm.unregister()\n"
         "assert ops.attn_res is model.attn_res and ops.attn_res.__module__.startswith('vllm.'), ops.attn_res\n"
+        "assert model.fused_grouped_topk is g.fused_grouped_topk and g.fused_grouped_topk.__module__.startswith('vllm.')\n"
         "print('ok')\n"
     )
+    off = on.split("layer = ")[0] + "print('gate', op_registry_oot.get('GateLinear'), 'routing', g.grouped_topk.__module__)\n"
+    bare = "import sys, kimi_router_ops, kimi_router_ops.integrations.vllm\nassert 'vllm' not in sys.modules\nprint('ok')"
     env = {k: v for k, v in os.environ.items() if k not in SWITCHES}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0 and "ok" in result.stdout, (result.stdout + result.stderr)[-3000:]
-    assert "Kimi-K3 attn_res" in result.stdout
+    runs = [subprocess.Popen([sys.executable, "-c", code], env={**env, **extra}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+            for code, extra in ((on, {}), (off, {kimi_vllm.ENV_ALL: "0"}), (bare, {}))]
+    (on, _), (off, _), (bare, _) = (run.communicate(timeout=600) for run in runs)
+    assert runs[0].returncode == 0 and "gate KimiGateLinear routing kimi_router_ops.integrations.vllm" in on, on[-3000:]
+    assert "kimi_router_ops: replaced GateLinear" in on and "Kimi-K3 attn_res" in on and "ok" in on, on[-3000:]
+    assert runs[1].returncode == 0 and "gate None routing vllm." in off, off[-3000:]
+    assert runs[2].returncode == 0 and "ok" in bare, bare[-2000:]
 
 
 @pytest.fixture(scope="module")
