@@ -80,7 +80,8 @@ def register() -> list[str]:
         hooks[GATE_TARGET] = (moe_gate_forward, "MoEGate.forward (router GEMM: router_gemm, bf16 and fp32 gates)")
     if _enabled(ENV_ROUTING):
         topk = importlib.import_module(TOPK_MODULE)
-        if topk.biased_grouped_topk is topk.biased_grouped_topk_gpu:
+        # (Under our hook once SGLang applied it: the function it wraps.)
+        if getattr(topk.biased_grouped_topk, "__wrapped__", topk.biased_grouped_topk) is topk.biased_grouped_topk_gpu:
             for name, hook in _ROUTING.items():
                 hooks[f"{TOPK_MODULE}.{name}"] = (hook, f"{name} (routing: moe_routing)")
             for target, name in HASH_TARGETS.items():
