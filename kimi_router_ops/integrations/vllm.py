@@ -209,27 +209,32 @@ def _gate_class():
     return _GATE_CLASS
 
 
+def _grouped_routing(gating_output, bias, topk, renormalize, num_expert_group, topk_group, scoring_func,
+                     routed_scaling_factor):
+    """moe_routing's (weights, ids) where it computes vLLM's grouped top-k, else None."""
+    n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
+    if routes(gating_output, bias, scoring_func, topk, n_group, kept):
+        return ops.moe_routing(gating_output, bias, topk, n_group, kept, renormalize, routed_scaling_factor,
+                               scoring_func)
+    return None
+
+
 def grouped_topk(hidden_states, gating_output, topk, renormalize, num_expert_group=0, topk_group=0,
                  scoring_func="softmax", routed_scaling_factor=1.0, e_score_correction_bias=None):
     """vLLM's grouped_topk (its signature; weights fp32, ids int32) on moe_routing."""
-    n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
-    if routes(gating_output, e_score_correction_bias, scoring_func, topk, n_group, kept):
-        return ops.moe_routing(gating_output, e_score_correction_bias, topk, n_group, kept, renormalize,
-                               routed_scaling_factor, scoring_func)
-    return _originals["grouped_topk"](hidden_states, gating_output, topk, renormalize, num_expert_group,
-                                      topk_group, scoring_func, routed_scaling_factor, e_score_correction_bias)
+    args = (topk, renormalize, num_expert_group, topk_group, scoring_func, routed_scaling_factor)
+    return _grouped_routing(gating_output, e_score_correction_bias, *args) or _originals["grouped_topk"](
+        hidden_states, gating_output, topk, renormalize, num_expert_group, topk_group, scoring_func,
+        routed_scaling_factor, e_score_correction_bias)
 
 
 def fused_grouped_topk(hidden_states, gating_output, topk, renormalize, e_score_correction_bias,
                        num_expert_group=0, topk_group=0, scoring_func="softmax", routed_scaling_factor=1.0):
     """vLLM's fused_grouped_topk (its signature: its CUDA grouped_topk kernel, which
     grouped_topk calls on CUDA and Kimi-K3's MegaMoE front calls directly) on moe_routing."""
-    n_group, kept = num_expert_group or 1, topk_group or num_expert_group or 1
-    if routes(gating_output, e_score_correction_bias, scoring_func, topk, n_group, kept):
-        return ops.moe_routing(gating_output, e_score_correction_bias, topk, n_group, kept, renormalize,
-                               routed_scaling_factor, scoring_func)
-    return _originals["fused_grouped_topk"](hidden_states, gating_output, topk, renormalize, e_score_correction_bias,
-                                            num_expert_group, topk_group, scoring_func, routed_scaling_factor)
+    args = (topk, renormalize, num_expert_group, topk_group, scoring_func, routed_scaling_factor)
+    return _grouped_routing(gating_output, e_score_correction_bias, *args) or _originals["fused_grouped_topk"](
+        hidden_states, gating_output, *args[:2], e_score_correction_bias, *args[2:])
 
 
 def fused_topk_bias(hidden_states, gating_output, scoring_func, e_score_correction_bias, topk, renormalize,
