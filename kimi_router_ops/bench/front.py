@@ -79,7 +79,9 @@ def peer_checks(m, hidden, attn_res_args, weights, gate, project, vllm_attn):
         return round(((theirs.float() - ours.float()).abs().max() / ours.float().abs().max()).item(), 6)
 
     w, p = weights[0][0], weights[0][1]
-    checks = {"M": m, "projection": rel(project(hidden, p), F.linear(hidden, p))}
+    checks = {"M": m}
+    if project is not None:
+        checks["projection"] = rel(project(hidden, p), F.linear(hidden, p))
     if gate is not None:
         checks["gate"] = rel(gate(hidden, w), kimi_router_ops.router_gemm(hidden, w))
     if vllm_attn is not None:
@@ -111,7 +113,7 @@ def run(m_list, replays):
         prefix, delta, blocks, qk = bf(m, K), bf(m, K) * 1e-3, bf(m, BLOCKS, K), bf(K) * 0.05
         attn_res_args = (prefix, delta, blocks, gamma, qk, gamma, BLOCKS, -1, EPS, EPS)
         hidden = bf(m, K)
-        checks.append(peer_checks(m, hidden, attn_res_args, weights, gate, project, vllm_attn))
+        checks.append(peer_checks(m, hidden, attn_res_args, weights, gate, vllm_project, vllm_attn))
         producers = {"attn_res": lambda: kimi_router_ops.attn_res(*attn_res_args),
                      "vLLM attn_res": lambda: vllm_attn(*attn_res_args)}
         for producer, arrangements in fronts(side, project, project_name, gate).items():
